@@ -1,0 +1,1 @@
+"""sql-rl-pipeline: teach code LLMs to write SQL with SFT and execution-rewarded GRPO."""

@@ -1,0 +1,222 @@
+"""The one typed loader for params.yaml.
+
+params.yaml is composed by DVC's Hydra support from conf/ (conf/config.yaml + a `profile`).
+Every stage reads its section through these dataclasses, so a typo or a missing key fails at
+load time with the key's full name, not deep inside a training loop.
+The values live only in conf/; these classes hold names and types, not defaults.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sqlrl.paths import REPO_ROOT
+
+PARAMS_FILE = REPO_ROOT / "params.yaml"
+CONF_DIR = REPO_ROOT / "conf"
+SCHEMA_FORMATS = ("compact", "ddl")
+
+
+class ParamsError(ValueError):
+    """params.yaml does not match what the pipeline expects."""
+
+
+@dataclass(frozen=True)
+class PrepareParams:
+    schema_format: str         # "compact" (table | col, col | ...) or "ddl" (CREATE TABLE)
+    sample_rows: int           # DDL only: N example rows per table, read from the database
+    include_train_others: bool  # also train on train_others.json (Spider's extra 1659)
+    heldout_fraction: float    # share of each training database's questions kept for heldout
+    max_train_examples: int    # 0 = all; the smoke profile uses a few dozen
+    max_dev_examples: int      # 0 = all
+    system_prompt: str
+
+    def __post_init__(self):
+        if self.schema_format not in SCHEMA_FORMATS:
+            raise ParamsError(f"prepare.schema_format must be one of {SCHEMA_FORMATS}, "
+                              f"got {self.schema_format!r}")
+        if not 0.0 <= self.heldout_fraction < 1.0:
+            raise ParamsError(f"prepare.heldout_fraction must be in [0, 1), "
+                              f"got {self.heldout_fraction}")
+        for name in ("sample_rows", "max_train_examples", "max_dev_examples"):
+            if getattr(self, name) < 0:
+                raise ParamsError(f"prepare.{name} must be >= 0")
+
+
+@dataclass(frozen=True)
+class ArchitectureParams:
+    """A Qwen2 configuration for a model built from scratch (CPU profile)."""
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    max_position_embeddings: int
+    vocab_size: int
+
+
+@dataclass(frozen=True)
+class BaseParams:
+    source: str                # "hub" (pretrained, pinned) or "scratch" (built from params)
+    model_id: str              # hub repo id or a local folder standing in for one
+    revision: str              # pinned commit of the hub repo
+    dtype: str                 # "float32" | "bfloat16"
+    architecture: ArchitectureParams
+
+    def __post_init__(self):
+        if self.source not in ("hub", "scratch"):
+            raise ParamsError(f"base.source must be 'hub' or 'scratch', got {self.source!r}")
+
+
+@dataclass(frozen=True)
+class LoraParams:
+    r: int
+    alpha: int
+    dropout: float
+    target_modules: list[str]
+
+
+@dataclass(frozen=True)
+class SftParams:
+    use_lora: bool             # False: fine-tune all weights (random init does not learn LoRA)
+    lora: LoraParams
+    epochs: float
+    learning_rate: float
+    batch_size: int
+    grad_accum: int
+    max_length: int
+    bf16: bool
+    gradient_checkpointing: bool
+
+
+@dataclass(frozen=True)
+class GrpoParams:
+    steps: int
+    learning_rate: float
+    batch_size: int
+    num_generations: int
+    temperature: float
+    max_completion_length: int
+    loss_type: str
+    beta: float
+    lora: LoraParams
+    use_vllm: bool
+    bf16: bool
+    gradient_checkpointing: bool
+
+
+@dataclass(frozen=True)
+class EvalParams:
+    batch_size: int
+    max_new_tokens: int
+    use_vllm: bool
+
+
+@dataclass(frozen=True)
+class Params:
+    seed: int
+    profile: str
+    prepare: PrepareParams
+    base: BaseParams
+    sft: SftParams
+    grpo: GrpoParams
+    eval: EvalParams
+
+
+def _build(cls: type, data: Any, where: str) -> Any:
+    """Build dataclass `cls` from plain YAML data, checking keys and types on the way."""
+    if not isinstance(data, dict):
+        raise ParamsError(f"{where or 'params'}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(data) - set(names))
+    missing = [n for n in names if n not in data]
+    if unknown:
+        raise ParamsError(f"unknown key(s) {', '.join(_join(where, k) for k in unknown)}")
+    if missing:
+        raise ParamsError(f"missing key(s) {', '.join(_join(where, k) for k in missing)}")
+    values = {n: _convert(hints[n], data[n], _join(where, n)) for n in names}
+    return cls(**values)
+
+
+def _convert(hint: Any, value: Any, where: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, where)
+    origin = typing.get_origin(hint)
+    if origin is list:
+        (item,) = typing.get_args(hint)
+        if not isinstance(value, list):
+            raise ParamsError(f"{where}: expected a list, got {value!r}")
+        return [_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(hint):
+            if option is type(None) and value is None:
+                return None
+            try:
+                return _convert(option, value, where)
+            except ParamsError:
+                continue
+        raise ParamsError(f"{where}: {value!r} does not match {hint}")
+    if hint is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if hint in (int, float) and isinstance(value, bool) or not isinstance(value, hint):
+        raise ParamsError(f"{where}: expected {hint.__name__}, got {value!r}")
+    return value
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def params_from_dict(data: dict) -> Params:
+    """Validate already-loaded params (e.g. a composed config) into `Params`."""
+    return _build(Params, data, "")
+
+
+def load_params(path: str | Path = PARAMS_FILE) -> Params:
+    """Read and validate params.yaml; errors name the file and the offending key."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: not found (run from the repo root, or compose it with "
+                          f"`dvc exp run`)") from None
+    except yaml.YAMLError as exc:
+        raise ParamsError(f"{path}: not valid YAML: {exc}") from None
+    try:
+        return params_from_dict(data)
+    except ParamsError as exc:
+        raise ParamsError(f"{path}: {exc}") from None
+
+
+def composed_yaml(profile: str | None = None, overrides: list[str] | None = None) -> str:
+    """params.yaml text for a profile, as `dvc exp run -S profile=...` would write it."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_yaml(OmegaConf.create(compose_params(profile, overrides)))
+
+
+def compose_params(profile: str | None = None, overrides: list[str] | None = None) -> dict:
+    """Compose conf/ the way `dvc exp run` does (Hydra), returning the plain dict."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    overrides = list(overrides or [])
+    if profile is not None:
+        overrides.append(f"profile={profile}")
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+        cfg = compose(config_name="config", overrides=overrides)
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+if __name__ == "__main__":
+    # python -m sqlrl.params [PROFILE] > params.yaml : recompose params.yaml by hand
+    import sys
+
+    sys.stdout.write(composed_yaml(sys.argv[1] if len(sys.argv) > 1 else None))

@@ -1,0 +1,147 @@
+"""Spider release -> the prepared JSONL files every later stage reads.
+
+Outputs (in data/prepared/):
+- sft.jsonl: TRL conversational prompt/completion rows (+ db_id);
+- grpo.jsonl: prompt, gold_sql, db_path (relative to the repo root), db_id;
+- dev.jsonl and heldout.jsonl: question, gold, db_id, db_path, db_present, prompt.
+Training examples whose database file is absent are skipped and counted (their SQL cannot be
+executed for the reward). Dev examples keep their row with db_present=false, so evaluation
+reports them as skipped instead of losing them.
+"""
+from __future__ import annotations
+
+import json
+import random
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlrl.params import PrepareParams
+from sqlrl.paths import PREPARED_REL, REPO_ROOT, SPIDER_REL, relative_to_root
+from sqlrl.prompts import build_messages, completion_message, serialize_schema
+from sqlrl.spider import (Example, Schema, SpiderDataError, database_path, load_examples,
+                          load_schemas)
+
+
+@dataclass
+class PromptFactory:
+    """Builds prompts, serialising each database's schema once."""
+    params: PrepareParams
+    schemas: dict[str, Schema]
+    spider_dir: Path
+
+    def __post_init__(self):
+        self._schema_text: dict[str, str] = {}
+
+    def messages(self, example: Example) -> list[dict]:
+        if example.db_id not in self._schema_text:
+            self._schema_text[example.db_id] = serialize_schema(
+                self.schemas[example.db_id], self.params.schema_format,
+                database_path(self.spider_dir, example.db_id), self.params.sample_rows)
+        return build_messages(self._schema_text[example.db_id], example.question,
+                              self.params.system_prompt)
+
+
+def split_heldout(examples: list[Example], fraction: float, seed: int):
+    """Keep `fraction` of each database's questions out of training, deterministically.
+
+    Per database: shuffle with a generator seeded by (seed, db_id), hold out round(fraction*n).
+    Order within each output follows the input file, so outputs are stable and diffable.
+    """
+    if fraction <= 0:
+        return list(examples), []
+    by_db: dict[str, list[int]] = defaultdict(list)
+    for i, ex in enumerate(examples):
+        by_db[ex.db_id].append(i)
+    held: set[int] = set()
+    for db_id, indices in by_db.items():
+        rng = random.Random(f"{seed}:{db_id}")
+        shuffled = indices[:]
+        rng.shuffle(shuffled)
+        held.update(shuffled[: round(fraction * len(indices))])
+    train = [ex for i, ex in enumerate(examples) if i not in held]
+    heldout = [ex for i, ex in enumerate(examples) if i in held]
+    return train, heldout
+
+
+def _limit(items: list, n: int) -> list:
+    return items[:n] if n > 0 else items
+
+
+def _length_stats(texts: list[str]) -> dict:
+    if not texts:
+        return {"n": 0}
+    chars = sorted(len(t) for t in texts)
+    return {"n": len(chars), "mean_chars": round(statistics.fmean(chars), 1),
+            "p50_chars": chars[len(chars) // 2], "p95_chars": chars[int(0.95 * (len(chars) - 1))],
+            "max_chars": chars[-1]}
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def _eval_row(example: Example, prompts: PromptFactory, root: Path) -> dict:
+    """An evaluation row; no prompt when the database is absent (it is scored as skipped)."""
+    db_path = database_path(prompts.spider_dir, example.db_id)
+    present = db_path.is_file()
+    return {"question": example.question, "gold": example.query, "db_id": example.db_id,
+            "db_path": relative_to_root(db_path, root), "db_present": present,
+            "prompt": prompts.messages(example) if present else None}
+
+
+def prepare(params: PrepareParams, seed: int, root: Path = REPO_ROOT) -> dict:
+    """Read root/data/raw/spider, write root/data/prepared, return metrics/prepare.json."""
+    spider_dir = root / SPIDER_REL
+    out_dir = root / PREPARED_REL
+    if not spider_dir.is_dir():
+        raise SpiderDataError(f"{spider_dir}: Spider is not there (run `dvc pull`, or put "
+                              f"a Spider release there)")
+    schemas = load_schemas(spider_dir / "tables.json")
+    train_files = ["train_spider.json"] + (["train_others.json"]
+                                           if params.include_train_others else [])
+    train_all = [ex for name in train_files
+                 for ex in load_examples(spider_dir / name, schemas)]
+    dev = load_examples(spider_dir / "dev.json", schemas)
+
+    present = {db_id: database_path(spider_dir, db_id).is_file() for db_id in schemas}
+    train_present = [ex for ex in train_all if present[ex.db_id]]
+    absent_train_dbs = sorted({ex.db_id for ex in train_all if not present[ex.db_id]})
+    train, heldout = split_heldout(train_present, params.heldout_fraction, seed)
+    train = _limit(train, params.max_train_examples)
+    heldout = _limit(heldout, params.max_dev_examples)
+    dev = _limit(dev, params.max_dev_examples)
+
+    prompts = PromptFactory(params, schemas, spider_dir)
+    sft_rows, grpo_rows = [], []
+    for ex in train:
+        messages = prompts.messages(ex)
+        sft_rows.append({"prompt": messages, "completion": completion_message(ex.query),
+                         "db_id": ex.db_id})
+        grpo_rows.append({"prompt": messages, "gold_sql": ex.query, "db_id": ex.db_id,
+                          "db_path": relative_to_root(database_path(spider_dir, ex.db_id), root)})
+    dev_rows = [_eval_row(ex, prompts, root) for ex in dev]
+    heldout_rows = [_eval_row(ex, prompts, root) for ex in heldout]
+
+    _write_jsonl(out_dir / "sft.jsonl", sft_rows)
+    _write_jsonl(out_dir / "grpo.jsonl", grpo_rows)
+    _write_jsonl(out_dir / "dev.jsonl", dev_rows)
+    _write_jsonl(out_dir / "heldout.jsonl", heldout_rows)
+
+    dev_absent = sum(not r["db_present"] for r in dev_rows)
+    return {
+        "train": {"examples": len(train_all), "skipped_db_absent": len(train_all) - len(train_present),
+                  "absent_databases": absent_train_dbs, "sft": len(sft_rows),
+                  "grpo": len(grpo_rows), "heldout": len(heldout_rows)},
+        "dev": {"examples": len(dev_rows), "skipped_db_absent": dev_absent,
+                "absent_databases": sorted({r["db_id"] for r in dev_rows if not r["db_present"]})},
+        "prompt_length": {
+            "train": _length_stats([m[1]["content"] for m in (r["prompt"] for r in sft_rows)]),
+            "dev": _length_stats([r["prompt"][1]["content"] for r in dev_rows if r["prompt"]]),
+        },
+        "schema_format": params.schema_format,
+    }

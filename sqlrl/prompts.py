@@ -1,0 +1,123 @@
+"""The one prompt builder. SFT, GRPO, evaluation and serving all call it, so the prompt a model
+is trained on is byte for byte the prompt it is served with.
+
+A prompt is a list of chat messages (system + user); the tokenizer's chat template renders it.
+Two schema serialisations, chosen by `prepare.schema_format`:
+- compact: `table | col, col | table | col` (short: fits small models and short contexts);
+- ddl: CREATE TABLE statements with types, primary and foreign keys, optionally followed by N
+  sample rows per table read from the database (what Qwen2.5-Coder and OmniSQL are used to).
+"""
+from __future__ import annotations
+
+import re
+import sqlite3
+from pathlib import Path
+
+from sqlrl.spider import Schema, Table
+
+_PLAIN_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+SAMPLE_VALUE_CHARS = 40
+
+
+def quote_identifier(name: str) -> str:
+    """Leave plain names alone; double-quote the rest (spaces, punctuation) the SQLite way."""
+    if _PLAIN_IDENTIFIER.fullmatch(name):
+        return name
+    return '"' + name.replace('"', '""') + '"'
+
+
+def compact_schema(schema: Schema) -> str:
+    """`table | col, col | table | col`: one line, tables in schema order."""
+    parts = []
+    for table in schema.tables:
+        parts.append(table.name)
+        parts.append(", ".join(col.name for col in table.columns))
+    return " | ".join(parts)
+
+
+def ddl_schema(schema: Schema, db_path: Path | None = None, sample_rows: int = 0) -> str:
+    """CREATE TABLE statements; with `sample_rows` > 0, that many rows per table as comments."""
+    blocks = []
+    for table in schema.tables:
+        block = _create_table(schema, table)
+        if sample_rows > 0:
+            if db_path is None:
+                raise ValueError(f"{schema.db_id}: sample rows need the database file")
+            block += "\n" + _sample_rows_comment(db_path, table, sample_rows)
+        blocks.append(block)
+    return "\n\n".join(blocks)
+
+
+def _create_table(schema: Schema, table: Table) -> str:
+    lines = [f"  {quote_identifier(c.name)} {c.type.upper()}" for c in table.columns]
+    keys = [quote_identifier(c.name) for c in table.columns if c.is_primary]
+    if keys:
+        lines.append(f"  PRIMARY KEY ({', '.join(keys)})")
+    for fk in schema.foreign_keys:
+        if fk.table == table.name:
+            lines.append(f"  FOREIGN KEY ({quote_identifier(fk.column)}) REFERENCES "
+                         f"{quote_identifier(fk.ref_table)}({quote_identifier(fk.ref_column)})")
+    return f"CREATE TABLE {quote_identifier(table.name)} (\n" + ",\n".join(lines) + "\n);"
+
+
+def _sample_rows_comment(db_path: Path, table: Table, n: int) -> str:
+    """The first `n` rows of `table`, values shortened, as an SQL comment."""
+    uri = f"file:{Path(db_path).resolve()}?mode=ro"
+    con = sqlite3.connect(uri, uri=True)
+    con.text_factory = lambda b: b.decode("utf-8", errors="replace")
+    try:
+        rows = con.execute(f"SELECT * FROM {quote_identifier(table.name)} LIMIT {int(n)}")
+        rows = rows.fetchall()
+    finally:
+        con.close()
+    rendered = [", ".join(_short_value(v) for v in row) for row in rows]
+    header = f"/* {len(rows)} example rows from {table.name}:"
+    return "\n".join([header, *rendered]) + " */"
+
+
+def _short_value(value: object) -> str:
+    if isinstance(value, bytes):
+        return f"<{len(value)} bytes>"
+    text = repr(value) if isinstance(value, str) else str(value)
+    return text if len(text) <= SAMPLE_VALUE_CHARS else text[: SAMPLE_VALUE_CHARS - 3] + "..."
+
+
+def serialize_schema(schema: Schema, schema_format: str, db_path: Path | None = None,
+                     sample_rows: int = 0) -> str:
+    """The schema text for a prompt, in the format `prepare.schema_format` names."""
+    if schema_format == "compact":
+        return compact_schema(schema)
+    if schema_format == "ddl":
+        return ddl_schema(schema, db_path, sample_rows)
+    raise ValueError(f"unknown schema format {schema_format!r} (use 'compact' or 'ddl')")
+
+
+def build_messages(schema_text: str, question: str, system_prompt: str) -> list[dict]:
+    """The chat messages for one question: the system prompt, then schema and question."""
+    question = " ".join(question.split())
+    if not question:
+        raise ValueError("the question is empty")
+    if not schema_text.strip():
+        raise ValueError("the schema is empty")
+    user = f"Database schema:\n{schema_text}\n\nQuestion: {question}"
+    return [{"role": "system", "content": system_prompt},
+            {"role": "user", "content": user}]
+
+
+def completion_message(sql: str) -> list[dict]:
+    """The assistant turn for SFT: the gold SQL with Spider's stray whitespace collapsed."""
+    return [{"role": "assistant", "content": normalize_sql_whitespace(sql)}]
+
+
+_QUOTED_OR_SPACE = re.compile(r"('(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|`[^`]*`)|\s+")
+
+
+def normalize_sql_whitespace(sql: str) -> str:
+    """Collapse runs of whitespace to one space, leaving quoted literals untouched."""
+    collapsed = _QUOTED_OR_SPACE.sub(lambda m: m.group(1) or " ", sql)
+    return collapsed.strip()
+
+
+def render_prompt(tokenizer, messages: list[dict]) -> str:
+    """The prompt text a model sees: the tokenizer's chat template plus the assistant header."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -1,0 +1,1 @@
+"""Thin DVC entry points: `python -m stages.<name>` reads params, calls sqlrl, writes outputs."""

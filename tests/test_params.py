@@ -1,0 +1,98 @@
+"""The typed params loader and the Hydra profile composition."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from sqlrl.params import (PARAMS_FILE, ParamsError, compose_params, composed_yaml, load_params,
+                          params_from_dict)
+
+PROFILES = ["cpu", "smoke", "qwen2.5-coder-3b"]
+
+
+def test_committed_params_yaml_is_the_composed_default_profile():
+    assert PARAMS_FILE.read_text() == composed_yaml(), (
+        "params.yaml is stale: recompose it with `python -m sqlrl.params > params.yaml`")
+    assert load_params().profile == "cpu"
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_every_profile_composes_into_valid_params(profile):
+    params = params_from_dict(compose_params(profile))
+    assert params.profile == profile
+
+
+def test_reference_profile_is_the_qwen_gpu_run():
+    p = params_from_dict(compose_params("qwen2.5-coder-3b"))
+    assert (p.base.source, p.base.model_id) == ("hub", "Qwen/Qwen2.5-Coder-3B-Instruct")
+    assert len(p.base.revision) == 40  # a pinned commit, not a branch
+    assert (p.sft.use_lora, p.sft.lora.r, p.sft.lora.alpha, p.sft.epochs) == (True, 16, 32, 3)
+    assert (p.grpo.steps, p.grpo.use_vllm, p.grpo.bf16, p.sft.bf16) == (300, True, True, True)
+    assert p.prepare.heldout_fraction == 0.0
+
+
+def test_cpu_profile_sets_cpu_settings_explicitly():
+    p = params_from_dict(compose_params("cpu"))
+    assert p.base.source == "scratch" and not p.sft.use_lora
+    assert not (p.sft.bf16 or p.sft.gradient_checkpointing or p.grpo.use_vllm)
+    assert p.prepare.heldout_fraction == 0.1
+
+
+def test_overrides_compose_like_dvc_exp_run_set_param():
+    assert compose_params(overrides=["grpo.steps=500"])["grpo"]["steps"] == 500
+    assert compose_params("smoke", ["prepare.schema_format=ddl"])["prepare"]["schema_format"] == "ddl"
+
+
+def _params_dict():
+    return yaml.safe_load(PARAMS_FILE.read_text())
+
+
+def test_unknown_key_is_named():
+    data = _params_dict()
+    data["sft"]["learning_rat"] = 1.0
+    with pytest.raises(ParamsError, match=r"unknown key\(s\) sft.learning_rat"):
+        params_from_dict(data)
+
+
+def test_missing_key_is_named():
+    data = _params_dict()
+    del data["grpo"]["lora"]["alpha"]
+    with pytest.raises(ParamsError, match=r"missing key\(s\) grpo.lora.alpha"):
+        params_from_dict(data)
+
+
+def test_wrong_type_is_named():
+    data = _params_dict()
+    data["grpo"]["steps"] = "many"
+    with pytest.raises(ParamsError, match="grpo.steps: expected int, got 'many'"):
+        params_from_dict(data)
+    data = _params_dict()
+    data["sft"]["use_lora"] = 1
+    with pytest.raises(ParamsError, match="sft.use_lora: expected bool"):
+        params_from_dict(data)
+
+
+def test_ints_are_accepted_for_floats():
+    data = _params_dict()
+    data["sft"]["learning_rate"] = 1
+    assert params_from_dict(data).sft.learning_rate == 1.0
+
+
+def test_bad_values_are_refused():
+    data = _params_dict()
+    data["prepare"]["schema_format"] = "xml"
+    with pytest.raises(ParamsError, match="schema_format must be one of"):
+        params_from_dict(data)
+    data = _params_dict()
+    data["prepare"]["heldout_fraction"] = 1.5
+    with pytest.raises(ParamsError, match="heldout_fraction"):
+        params_from_dict(data)
+
+
+def test_load_params_names_the_file(tmp_path):
+    bad = tmp_path / "params.yaml"
+    bad.write_text("seed: [unclosed")
+    with pytest.raises(ParamsError, match=str(bad)):
+        load_params(bad)
+    with pytest.raises(ParamsError, match="not found"):
+        load_params(tmp_path / "absent.yaml")

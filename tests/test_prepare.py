@@ -1,0 +1,144 @@
+"""The prepare stage on a small Spider-layout fixture cut from the real release."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+
+import pytest
+
+from sqlrl.params import load_params
+from sqlrl.prepare import prepare, split_heldout
+from sqlrl.spider import Example, SpiderDataError
+
+DBS = ["concert_singer", "department_management", "farm", "wta_1"]  # wta_1 is absent from this copy of Spider
+
+
+@pytest.fixture
+def mini_root(spider_dir, tmp_path):
+    """A repo root whose data/raw/spider holds three databases' worth of the real release."""
+    out = tmp_path / "data" / "raw" / "spider"
+    (out / "database").mkdir(parents=True)
+    tables = [t for t in json.loads((spider_dir / "tables.json").read_text()) if t["db_id"] in DBS]
+    (out / "tables.json").write_text(json.dumps(tables))
+    for name in ("train_spider.json", "dev.json"):
+        items = [e for e in json.loads((spider_dir / name).read_text()) if e["db_id"] in DBS]
+        (out / name).write_text(json.dumps(items))
+    for db in DBS:
+        if (spider_dir / "database" / db).is_dir():
+            shutil.copytree(spider_dir / "database" / db, out / "database" / db)
+    return tmp_path
+
+
+def _params(**changes):
+    return dataclasses.replace(load_params().prepare, **changes)
+
+
+def _read(root, name):
+    with open(root / "data" / "prepared" / name, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh]
+
+
+def test_prepare_writes_all_splits_and_counts_absent_databases(mini_root):
+    metrics = prepare(_params(heldout_fraction=0.1), seed=42, root=mini_root)
+    sft, grpo = _read(mini_root, "sft.jsonl"), _read(mini_root, "grpo.jsonl")
+    dev, heldout = _read(mini_root, "dev.jsonl"), _read(mini_root, "heldout.jsonl")
+    assert len(sft) == len(grpo) == metrics["train"]["sft"] > 0
+    assert metrics["train"]["sft"] + metrics["train"]["heldout"] == metrics["train"]["examples"]
+    # wta_1 is a dev database: its 62 questions stay in dev.jsonl, flagged, without a prompt
+    absent = [r for r in dev if not r["db_present"]]
+    assert len(absent) == metrics["dev"]["skipped_db_absent"] == 62
+    assert all(r["db_id"] == "wta_1" and r["prompt"] is None for r in absent)
+    assert metrics["dev"]["absent_databases"] == ["wta_1"]
+    # rows carry what later stages need, with repo-relative database paths
+    assert sft[0]["completion"][0]["role"] == "assistant"
+    assert grpo[0]["db_path"] == f"data/raw/spider/database/{grpo[0]['db_id']}/{grpo[0]['db_id']}.sqlite"
+    assert (mini_root / grpo[0]["db_path"]).is_file()
+    assert {r["question"] for r in heldout}.isdisjoint({r["prompt"][1]["content"] for r in sft})
+    assert metrics["prompt_length"]["train"]["n"] == len(sft)
+
+
+def test_train_examples_of_absent_databases_are_counted_not_dropped_silently(mini_root):
+    spider = mini_root / "data" / "raw" / "spider"
+    shutil.rmtree(spider / "database" / "farm")
+    metrics = prepare(_params(heldout_fraction=0.0), seed=1, root=mini_root)
+    n_farm = sum(e["db_id"] == "farm" for e in json.loads((spider / "train_spider.json").read_text()))
+    assert metrics["train"]["skipped_db_absent"] == n_farm > 0
+    assert metrics["train"]["absent_databases"] == ["farm"]
+    assert all(r["db_id"] != "farm" for r in _read(mini_root, "grpo.jsonl"))
+
+
+def test_prepare_is_deterministic_and_seed_changes_the_heldout_split(mini_root):
+    prepare(_params(), seed=7, root=mini_root)
+    first = _read(mini_root, "heldout.jsonl")
+    prepare(_params(), seed=7, root=mini_root)
+    assert _read(mini_root, "heldout.jsonl") == first
+    prepare(_params(), seed=8, root=mini_root)
+    assert _read(mini_root, "heldout.jsonl") != first
+
+
+def test_heldout_takes_the_fraction_of_each_database():
+    examples = [Example(db, f"q{i}", "SELECT 1", "") for db in ("a", "b") for i in range(20)]
+    train, heldout = split_heldout(examples, 0.1, seed=3)
+    assert [sum(e.db_id == db for e in heldout) for db in ("a", "b")] == [2, 2]
+    assert len(train) == 36 and not set(map(id, train)) & set(map(id, heldout))
+
+
+def test_ddl_format_with_sample_rows(mini_root):
+    prepare(_params(schema_format="ddl", sample_rows=2), seed=1, root=mini_root)
+    user = _read(mini_root, "sft.jsonl")[0]["prompt"][1]["content"]
+    assert "CREATE TABLE" in user and "2 example rows from" in user
+
+
+def test_limits_cut_the_splits_for_the_smoke_profile(mini_root):
+    metrics = prepare(_params(max_train_examples=5, max_dev_examples=3), seed=1, root=mini_root)
+    assert (metrics["train"]["sft"], metrics["dev"]["examples"]) == (5, 3)
+    assert len(_read(mini_root, "dev.jsonl")) == 3
+
+
+def test_missing_spider_says_to_pull(tmp_path):
+    with pytest.raises(SpiderDataError, match="dvc pull"):
+        prepare(_params(), seed=1, root=tmp_path)
+
+
+def test_malformed_file_is_named(mini_root):
+    (mini_root / "data/raw/spider/dev.json").write_text("[{not json")
+    with pytest.raises(SpiderDataError, match=r"dev.json: not valid JSON"):
+        prepare(_params(), seed=1, root=mini_root)
+
+
+def test_unknown_db_id_names_the_file_and_item(mini_root):
+    path = mini_root / "data/raw/spider/dev.json"
+    items = json.loads(path.read_text())
+    items[3]["db_id"] = "no_such_db"
+    path.write_text(json.dumps(items))
+    with pytest.raises(SpiderDataError, match=r"dev.json: item 3 names db_id 'no_such_db'"):
+        prepare(_params(), seed=1, root=mini_root)
+
+
+def test_schema_without_tables_is_named(mini_root):
+    path = mini_root / "data/raw/spider/tables.json"
+    tables = json.loads(path.read_text())
+    tables[0].update(table_names_original=[], table_names=[],
+                     column_names_original=[[-1, "*"]], column_types=["text"])
+    path.write_text(json.dumps(tables))
+    with pytest.raises(SpiderDataError, match=f"'{tables[0]['db_id']}' has a schema with no tables"):
+        prepare(_params(), seed=1, root=mini_root)
+
+
+def test_unencodable_question_is_named(mini_root):
+    path = mini_root / "data/raw/spider/train_spider.json"
+    items = json.loads(path.read_text())
+    items[2]["question"] = "Bad \ud800 surrogate"
+    path.write_text(json.dumps(items))
+    with pytest.raises(SpiderDataError, match=r"train_spider.json: item 2 question: not valid Unicode"):
+        prepare(_params(), seed=1, root=mini_root)
+
+
+def test_missing_field_is_named(mini_root):
+    path = mini_root / "data/raw/spider/train_spider.json"
+    items = json.loads(path.read_text())
+    del items[0]["query"]
+    path.write_text(json.dumps(items))
+    with pytest.raises(SpiderDataError, match=r"train_spider.json: item 0 lacks query"):
+        prepare(_params(), seed=1, root=mini_root)

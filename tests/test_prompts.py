@@ -1,0 +1,114 @@
+"""The prompt builder: both schema formats, golden examples from real Spider databases."""
+from __future__ import annotations
+
+import pytest
+
+from sqlrl.prompts import (build_messages, compact_schema, completion_message, ddl_schema,
+                           normalize_sql_whitespace, quote_identifier, serialize_schema)
+from sqlrl.spider import database_path, load_schemas
+
+
+@pytest.fixture(scope="module")
+def schemas(spider_dir):
+    return load_schemas(spider_dir / "tables.json")
+
+
+def test_compact_schema_golden_concert_singer(schemas):
+    assert compact_schema(schemas["concert_singer"]) == (
+        "stadium | Stadium_ID, Location, Name, Capacity, Highest, Lowest, Average | "
+        "singer | Singer_ID, Name, Country, Song_Name, Song_release_year, Age, Is_male | "
+        "concert | concert_ID, concert_Name, Theme, Stadium_ID, Year | "
+        "singer_in_concert | concert_ID, Singer_ID")
+
+
+def test_ddl_schema_golden_perpetrator_quotes_and_keys(schemas):
+    assert ddl_schema(schemas["perpetrator"]) == """\
+CREATE TABLE perpetrator (
+  Perpetrator_ID NUMBER,
+  People_ID NUMBER,
+  Date TEXT,
+  Year NUMBER,
+  Location TEXT,
+  Country TEXT,
+  Killed NUMBER,
+  Injured NUMBER,
+  PRIMARY KEY (Perpetrator_ID),
+  FOREIGN KEY (People_ID) REFERENCES people(People_ID)
+);
+
+CREATE TABLE people (
+  People_ID NUMBER,
+  Name TEXT,
+  Height NUMBER,
+  Weight NUMBER,
+  "Home Town" TEXT,
+  PRIMARY KEY (People_ID)
+);"""
+
+
+def test_ddl_sample_rows_come_from_the_database(schemas, spider_dir):
+    text = ddl_schema(schemas["concert_singer"], database_path(spider_dir, "concert_singer"), 2)
+    assert "/* 2 example rows from singer:\n1, 'Joe Sharp', 'Netherlands', 'You', '1992', 52, 'F'" in text
+    assert text.count("example rows from") == 4
+
+
+def test_ddl_sample_rows_without_database_is_a_clear_error(schemas):
+    with pytest.raises(ValueError, match="concert_singer: sample rows need the database"):
+        ddl_schema(schemas["concert_singer"], None, 3)
+
+
+def test_serialize_schema_rejects_unknown_format(schemas):
+    with pytest.raises(ValueError, match="unknown schema format 'xml'"):
+        serialize_schema(schemas["concert_singer"], "xml")
+
+
+def test_messages_are_system_then_user_with_schema_and_question(schemas):
+    schema = compact_schema(schemas["concert_singer"])
+    messages = build_messages(schema, "  How many\tsingers do we have? ", "SYS")
+    assert [m["role"] for m in messages] == ["system", "user"]
+    assert messages[0]["content"] == "SYS"
+    assert messages[1]["content"] == (f"Database schema:\n{schema}\n\n"
+                                      "Question: How many singers do we have?")
+
+
+def test_messages_refuse_empty_question_or_schema():
+    with pytest.raises(ValueError, match="question is empty"):
+        build_messages("t | a", " \n ", "SYS")
+    with pytest.raises(ValueError, match="schema is empty"):
+        build_messages("  ", "How many?", "SYS")
+
+
+def test_odd_unicode_question_survives_unchanged_apart_from_whitespace():
+    question = "Which café’s name has “ü” – or 東京?"
+    assert build_messages("t | a", question, "S")[1]["content"].endswith(question)
+
+
+def test_completion_collapses_whitespace_outside_literals_only():
+    sql = "SELECT name ,  age FROM head WHERE name  =  'Ann  Lee'  AND  x = \"a  b\""
+    assert normalize_sql_whitespace(sql) == (
+        "SELECT name , age FROM head WHERE name = 'Ann  Lee' AND x = \"a  b\"")
+    assert completion_message("SELECT  1") == [{"role": "assistant", "content": "SELECT 1"}]
+
+
+def test_quote_identifier():
+    assert quote_identifier("Home_Town") == "Home_Town"
+    assert quote_identifier("Home Town") == '"Home Town"'
+    assert quote_identifier('a"b') == '"a""b"'
+
+
+def test_chat_template_renders_messages_with_generation_prompt():
+    """Prompts are rendered by the tokenizer's chat template (a ChatML template here)."""
+    from sqlrl.prompts import render_prompt
+
+    class ChatMLTokenizer:
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            from jinja2 import Template
+            template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+                        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}"
+                        "<|im_start|>assistant\n{% endif %}")
+            return Template(template).render(messages=messages,
+                                             add_generation_prompt=add_generation_prompt)
+
+    text = render_prompt(ChatMLTokenizer(), build_messages("t | a", "Q?", "S"))
+    assert text.startswith("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n")
+    assert text.endswith("<|im_start|>assistant\n")
