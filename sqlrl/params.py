@@ -28,6 +28,21 @@ class ParamsError(ValueError):
 
 
 @dataclass(frozen=True)
+class AugmentParams:
+    """Schema-grounding augmentation of sft.jsonl (sqlrl/augment.py); copies: 0 = off."""
+    copies: int                # augmented copies of each training example, added to sft.jsonl
+    shuffle_schema: bool       # tables and columns in a random order in the copies
+    rename_prob: float         # per-name probability of a consistent rename in the copies
+
+    def __post_init__(self):
+        if self.copies < 0:
+            raise ParamsError("prepare.augment.copies must be >= 0")
+        if not 0.0 <= self.rename_prob <= 1.0:
+            raise ParamsError(f"prepare.augment.rename_prob must be in [0, 1], "
+                              f"got {self.rename_prob}")
+
+
+@dataclass(frozen=True)
 class PrepareParams:
     schema_format: str         # "compact" (table | col, col | ...) or "ddl" (CREATE TABLE)
     sample_rows: int           # DDL only: N example rows per table, read from the database
@@ -36,6 +51,8 @@ class PrepareParams:
     max_train_examples: int    # 0 = all; the smoke profile uses a few dozen
     max_dev_examples: int      # 0 = all
     system_prompt: str
+    augment: AugmentParams
+    mark_schema_mentions: bool  # append the schema names the question mentions (all splits)
 
     def __post_init__(self):
         if self.schema_format not in SCHEMA_FORMATS:
@@ -93,29 +110,84 @@ class SftParams:
     max_length: int
     bf16: bool
     gradient_checkpointing: bool
+    lr_scheduler: str          # transformers scheduler name: cosine, linear, constant, ...
+    warmup_ratio: float        # share of the steps spent warming up the learning rate
+    weight_decay: float
+    group_by_length: bool      # batches of similar length (less padding: faster on a CPU)
+    attn_implementation: str   # "sdpa" | "eager" | "flash_attention_2"
+    logging_steps: int
+
+    def __post_init__(self):
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ParamsError(f"sft.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+
+
+@dataclass(frozen=True)
+class RewardWeights:
+    """Weights of the GRPO reward functions (sqlrl/rewards.py); 0 leaves a reward out."""
+    execution: float           # 1.0 when the result equals the gold result
+    syntax: float              # small bonus for SQL that parses and executes
+
+
+@dataclass(frozen=True)
+class PassRateFilter:
+    """Keep prompts the SFT model solves sometimes but not always (groups that carry signal)."""
+    pool: int                  # prompts to sample with the SFT model; 0 = filter off
+    samples: int               # completions per prompt
+    min_rate: float            # keep prompts whose pass rate is in [min_rate, max_rate]
+    max_rate: float
 
 
 @dataclass(frozen=True)
 class GrpoParams:
     steps: int
     learning_rate: float
-    batch_size: int
-    num_generations: int
+    batch_size: int            # completions per optimizer step (per device)
+    num_generations: int       # group size
     temperature: float
     max_completion_length: int
-    loss_type: str
-    beta: float
+    loss_type: str             # grpo | dapo | dr_grpo | bnpo | ...
+    beta: float                # KL weight (0: no reference model)
+    epsilon: float
+    epsilon_high: float
+    scale_rewards: str         # group | batch | none
+    num_iterations: int
+    reward_weights: RewardWeights
+    reward_timeout_s: float    # wall-time limit per executed query
+    drop_empty_gold: bool      # drop prompts whose gold result is empty
+    pass_rate_filter: PassRateFilter
     lora: LoraParams
     use_vllm: bool
+    vllm_mode: str             # colocate | server
     bf16: bool
     gradient_checkpointing: bool
+    logging_steps: int
+    save_steps: int            # checkpoint every N steps (resume)
+    resume: bool               # continue from the last checkpoint of an interrupted run
+
+    def __post_init__(self):
+        if self.batch_size % self.num_generations:
+            raise ParamsError(f"grpo.batch_size ({self.batch_size}) must be a multiple of "
+                              f"grpo.num_generations ({self.num_generations})")
+        if self.scale_rewards not in ("group", "batch", "none"):
+            raise ParamsError(f"grpo.scale_rewards must be group, batch or none")
 
 
 @dataclass(frozen=True)
 class EvalParams:
     batch_size: int
     max_new_tokens: int
-    use_vllm: bool
+    use_vllm: bool             # vLLM where it is installed; transformers otherwise
+    num_samples: int           # 1 = greedy; N > 1 = self-consistency (sample N, vote by result)
+    temperature: float         # sampling temperature, used only when num_samples > 1
+
+    def __post_init__(self):
+        if self.batch_size < 1 or self.max_new_tokens < 1 or self.num_samples < 1:
+            raise ParamsError("eval.batch_size, eval.max_new_tokens and eval.num_samples "
+                              "must be >= 1")
+        if self.num_samples > 1 and self.temperature <= 0.0:
+            raise ParamsError(f"eval.temperature must be > 0 when eval.num_samples > 1, "
+                              f"got {self.temperature}")
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Where things live. Every path the pipeline writes down is relative to the repo root."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -16,9 +17,10 @@ def resolve(path: str | Path, root: Path = REPO_ROOT) -> Path:
 
 
 def relative_to_root(path: str | Path, root: Path = REPO_ROOT) -> str:
-    """`path` as a POSIX string relative to the repo root, so outputs are machine-independent."""
-    p = Path(path).resolve()
+    """`path` as a POSIX string relative to the repo root, so outputs are machine-independent.
+    Symlinks are not followed: a linked data folder keeps its path inside the repo."""
+    p = Path(os.path.abspath(path))
     try:
-        return p.relative_to(root.resolve()).as_posix()
+        return p.relative_to(os.path.abspath(root)).as_posix()
     except ValueError:
         return p.as_posix()

@@ -17,7 +17,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlrl.params import PrepareParams
+from sqlrl.augment import Augmenter, mark_question, name_pools
+from sqlrl.params import ParamsError, PrepareParams
 from sqlrl.paths import PREPARED_REL, REPO_ROOT, SPIDER_REL, relative_to_root
 from sqlrl.prompts import build_messages, completion_message, serialize_schema
 from sqlrl.spider import (Example, Schema, SpiderDataError, database_path, load_examples,
@@ -39,7 +40,10 @@ class PromptFactory:
             self._schema_text[example.db_id] = serialize_schema(
                 self.schemas[example.db_id], self.params.schema_format,
                 database_path(self.spider_dir, example.db_id), self.params.sample_rows)
-        return build_messages(self._schema_text[example.db_id], example.question,
+        question = example.question
+        if self.params.mark_schema_mentions:
+            question = mark_question(question, self.schemas[example.db_id])
+        return build_messages(self._schema_text[example.db_id], question,
                               self.params.system_prompt)
 
 
@@ -124,6 +128,7 @@ def prepare(params: PrepareParams, seed: int, root: Path = REPO_ROOT) -> dict:
                          "db_id": ex.db_id})
         grpo_rows.append({"prompt": messages, "gold_sql": ex.query, "db_id": ex.db_id,
                           "db_path": relative_to_root(database_path(spider_dir, ex.db_id), root)})
+    augment_stats = augment_rows(sft_rows, train, schemas, params, seed)
     dev_rows = [_eval_row(ex, prompts, root) for ex in dev]
     heldout_rows = [_eval_row(ex, prompts, root) for ex in heldout]
 
@@ -144,4 +149,29 @@ def prepare(params: PrepareParams, seed: int, root: Path = REPO_ROOT) -> dict:
             "dev": _length_stats([r["prompt"][1]["content"] for r in dev_rows if r["prompt"]]),
         },
         "schema_format": params.schema_format,
+        "augment": augment_stats,
     }
+
+
+def augment_rows(sft_rows: list[dict], train: list[Example], schemas: dict[str, Schema],
+                 params: PrepareParams, seed: int) -> dict:
+    """Append `params.augment.copies` schema-grounding copies of each training example."""
+    aug = params.augment
+    if aug.copies == 0 or not (aug.shuffle_schema or aug.rename_prob > 0):
+        return {"copies": 0}
+    if params.sample_rows > 0:
+        raise ParamsError("prepare.augment needs prepare.sample_rows: 0 (sample rows are read "
+                          "from the real database, under the real names)")
+    augmenter = Augmenter(aug.shuffle_schema, aug.rename_prob,
+                          name_pools(schemas[ex.db_id] for ex in train), seed)
+    for copy in range(aug.copies):
+        for i, ex in enumerate(train):
+            schema, question, sql = augmenter.augment(schemas[ex.db_id], ex.question, ex.query,
+                                                      f"{i}:{copy}")
+            if params.mark_schema_mentions:
+                question = mark_question(question, schema)
+            messages = build_messages(serialize_schema(schema, params.schema_format),
+                                      question, params.system_prompt)
+            sft_rows.append({"prompt": messages, "completion": completion_message(sql),
+                             "db_id": ex.db_id})
+    return {"copies": aug.copies, **augmenter.stats.as_dict()}

@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 
 import pytest
 
-from sqlrl.paths import SPIDER_DIR
+from sqlrl.paths import REPO_ROOT, SPIDER_DIR
+from tests.repo_tools import SMOKE_TARGET, run_cli, storage_url
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
@@ -17,3 +20,48 @@ def spider_dir():
     if not (SPIDER_DIR / "tables.json").is_file():
         pytest.fail(f"Spider is not pulled: {SPIDER_DIR} is missing. Run `dvc pull` first.")
     return SPIDER_DIR
+
+
+@pytest.fixture(scope="session")
+def smoke_repo(tmp_path_factory):
+    """A git + DVC copy of this checkout's files (not its outputs), after a smoke run.
+
+    Spider is pulled from the shared DVC remote like a newcomer would; the profile is chosen
+    with `dvc exp run -S profile=smoke`, which composes params.yaml from conf/ through Hydra.
+    """
+    repo = tmp_path_factory.mktemp("repo")
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO_ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    for name in files:
+        if (REPO_ROOT / name).is_file():
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO_ROOT / name, repo / name)
+    for generated in ("dvc.lock", "metrics", "data/predictions"):
+        shutil.rmtree(repo / generated, ignore_errors=True) if (repo / generated).is_dir() \
+            else (repo / generated).unlink(missing_ok=True)
+    run_cli(["git", "init", "-q"], repo)
+    run_cli(["git", "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A"], repo)
+    run_cli(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"], repo)
+    run_cli(["dvc", "remote", "modify", "--local", "storage", "url", storage_url()], repo)
+    run_cli(["dvc", "pull", "-q", "data/raw/spider.dvc"], repo)
+    run_cli(["dvc", "exp", "run", "-S", "profile=smoke", SMOKE_TARGET], repo)
+    return repo
+
+
+@pytest.fixture(scope="session")
+def prepared_dir(spider_dir, tmp_path_factory):
+    """data/prepared as the prepare stage writes it for the default profile (no augmentation,
+    which only touches sft.jsonl), built from the pulled Spider in a temporary root."""
+    import dataclasses
+
+    from sqlrl.params import load_params
+    from sqlrl.prepare import prepare
+
+    root = tmp_path_factory.mktemp("prepared_root")
+    (root / "data" / "raw").mkdir(parents=True)
+    (root / "data" / "raw" / "spider").symlink_to(spider_dir)
+    params = load_params()
+    prepare_params = dataclasses.replace(
+        params.prepare, augment=dataclasses.replace(params.prepare.augment, copies=0))
+    prepare(prepare_params, params.seed, root=root)
+    return root / "data" / "prepared"

@@ -31,7 +31,11 @@ def mini_root(spider_dir, tmp_path):
 
 
 def _params(**changes):
-    return dataclasses.replace(load_params().prepare, **changes)
+    """The committed prepare params, schema-grounding augmentation off unless asked for."""
+    base = load_params().prepare
+    changes.setdefault("augment", dataclasses.replace(base.augment, copies=0))
+    changes.setdefault("mark_schema_mentions", False)
+    return dataclasses.replace(base, **changes)
 
 
 def _read(root, name):
@@ -142,3 +146,21 @@ def test_missing_field_is_named(mini_root):
     path.write_text(json.dumps(items))
     with pytest.raises(SpiderDataError, match=r"train_spider.json: item 0 lacks query"):
         prepare(_params(), seed=1, root=mini_root)
+
+
+def test_schema_mentions_are_marked_in_every_split(mini_root):
+    prepare(_params(mark_schema_mentions=True), seed=1, root=mini_root)
+    for name in ("sft.jsonl", "grpo.jsonl", "heldout.jsonl"):
+        assert all("Schema mentions:" in r["prompt"][1]["content"] for r in _read(mini_root, name))
+    dev = [r for r in _read(mini_root, "dev.jsonl") if r["prompt"]]
+    assert dev and all("Schema mentions:" in r["prompt"][1]["content"] for r in dev)
+    # the gold SQL and the plain question stay as they are
+    assert all("Schema mentions" not in r["question"] for r in dev)
+
+
+def test_augmentation_with_sample_rows_is_refused(mini_root):
+    from sqlrl.params import ParamsError
+    base = load_params().prepare.augment
+    aug = dataclasses.replace(base, copies=1, rename_prob=0.5)
+    with pytest.raises(ParamsError, match="sample_rows"):
+        prepare(_params(schema_format="ddl", sample_rows=1, augment=aug), seed=1, root=mini_root)

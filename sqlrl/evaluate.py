@@ -1,0 +1,229 @@
+"""Evaluation: generate SQL for every question that has a prompt, extract it, score it.
+
+    metrics, predictions = evaluate_model("models/sft", params.eval, params.seed,
+                                          {"dev": "data/prepared/dev.jsonl",
+                                           "heldout": "data/prepared/heldout.jsonl"})
+
+- Rows whose database is absent (`prompt` null) are not generated for: they are predictions
+  with status "skipped", ex/em null, counted in `skipped` (never scored as wrong).
+- The model text goes through the shared `extract_sql`, then the shared scorer
+  (`sqlrl.score.score_predictions`: execution accuracy, exact match, hardness, verdicts).
+- Self-consistency (`eval.num_samples` > 1): N completions sampled per question at
+  `eval.temperature` (seeded), each executed read-only; the answer is a query from the largest
+  group of candidates with the same result (ties: the group seen first), as in SQL-R1 and
+  OmniSQL (results compared the way EX compares them). Candidates that fail to execute get no
+  vote; if none runs, the first is kept.
+
+Metrics per split: ex, em, n (scored), skipped, by_hardness, errors, executable (share of scored
+predictions that ran without error), generation_seconds, examples_per_second. The dev split's
+fields are at the top level, the held-out split's under "heldout" (when it has rows).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from sqlrl.paths import SPIDER_DIR, resolve
+
+PRIMARY_SPLIT = "dev"
+
+
+# --------------------------------------------------------------------------- files
+
+def read_jsonl(path: str | Path, missing_ok: bool = False) -> list[dict]:
+    """The rows of a JSONL file (relative paths read against the repo root)."""
+    path = resolve(path)
+    if missing_ok and not path.is_file():
+        return []
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]
+
+
+def write_jsonl(path: str | Path, rows: list[dict]) -> Path:
+    """One JSON object a line (an empty file for no rows), written atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
+    tmp.replace(path)
+    return path
+
+
+# --------------------------------------------------------------------------- self-consistency
+
+def vote(verdicts) -> tuple[int, int]:
+    """(index of the chosen candidate, its votes) from the candidates' execution verdicts.
+
+    Candidates whose results are equal as EX judges results (sqlrl.equality: rows as a
+    multiset, columns in any order) form a group; the first member of the largest group wins,
+    the group seen first on ties. (0, 0) when no candidate ran.
+    """
+    from sqlrl.equality import results_match
+
+    groups: list[list[int]] = []
+    for i, verdict in enumerate(verdicts):
+        if verdict.status != "ok":
+            continue
+        for members in groups:
+            if results_match(verdicts[members[0]].rows, verdict.rows, ordered=False):
+                members.append(i)
+                break
+        else:
+            groups.append([i])
+    if not groups:
+        return 0, 0
+    best = max(groups, key=len)  # max keeps the first of equals: the group seen first
+    return best[0], len(best)
+
+
+def self_consistency(samples: list[list[str]], db_paths: list[str],
+                     executor=None) -> tuple[list[str], list[int], list[str]]:
+    """(chosen SQL, votes, chosen raw text) per question from N sampled texts each."""
+    from sqlrl.executor import SQLExecutor
+    from sqlrl.sql_extract import extract_sql
+
+    executor = executor or SQLExecutor()
+    chosen, votes, texts = [], [], []
+    for candidates, db_path in zip(samples, db_paths, strict=True):
+        sqls = [extract_sql(text) for text in candidates]
+        verdicts = [executor.execute(resolve(db_path), sql) for sql in sqls]
+        index, count = vote(verdicts)
+        chosen.append(sqls[index])
+        votes.append(count)
+        texts.append(candidates[index])
+    return chosen, votes, texts
+
+
+# --------------------------------------------------------------------------- one split
+
+def evaluate_split(rows: list[dict], generator, render: Callable[[list[dict]], str], *,
+                   num_samples: int = 1, temperature: float = 0.0, seed: int = 0,
+                   spider_dir: str | Path = SPIDER_DIR,
+                   workers: int | None = None) -> tuple[dict, list[dict]]:
+    """Generate, extract, score one split: (metrics, prediction rows in the input order)."""
+    from sqlrl.score import score_predictions
+    from sqlrl.sql_extract import extract_sql
+
+    todo = [i for i, row in enumerate(rows) if row.get("prompt") and row.get("db_present", True)]
+    prompts = [render(rows[i]["prompt"]) for i in todo]
+    tokens_before = getattr(generator, "generated_tokens", None)
+    start = time.perf_counter()
+    votes: list[int] | None = None
+    if not prompts:
+        outputs, sqls, seconds = [], [], 0.0
+    elif num_samples > 1:
+        samples = generator.sample(prompts, num_samples, temperature, seed)
+        seconds = time.perf_counter() - start
+        _check_count(samples, prompts)
+        sqls, votes, outputs = self_consistency(samples, [rows[i]["db_path"] for i in todo])
+    else:
+        outputs = generator.generate(prompts)
+        seconds = time.perf_counter() - start
+        _check_count(outputs, prompts)
+        sqls = [extract_sql(text) for text in outputs]
+
+    preds = [""] * len(rows)
+    texts: list[str | None] = [None] * len(rows)
+    for k, i in enumerate(todo):
+        preds[i], texts[i] = sqls[k], outputs[k]
+    if rows:
+        report = score_predictions([(row["gold"], row["db_id"]) for row in rows], preds,
+                                   Path(spider_dir) / "database", Path(spider_dir) / "tables.json",
+                                   workers or _default_workers())
+    else:
+        report = {"ex": None, "em": None, "n": 0, "skipped": 0, "by_hardness": {},
+                  "errors": {}, "items": []}
+
+    position = {i: k for k, i in enumerate(todo)}  # row index -> its prompt's index
+    predictions = []
+    for i, (row, item) in enumerate(zip(rows, report["items"], strict=True)):
+        skipped = i not in position or item.get("status") == "skipped"
+        pred = {
+            "question": row["question"], "db_id": row["db_id"], "gold": row["gold"],
+            "pred": preds[i] if i in position else None,
+            "ex": None if skipped else item.get("ex"),
+            "em": None if skipped else item.get("em"),
+            "hardness": item.get("hardness"),
+            "status": "skipped" if skipped else item.get("status"),
+            # skipped: the repo-relative path, so the file is the same on every machine
+            "error": (f"database absent: {row.get('db_path') or row['db_id']}" if skipped
+                      else item.get("error") or ""),
+            "output": texts[i],
+        }
+        if votes is not None and i in position:
+            pred["votes"] = votes[position[i]]
+        predictions.append(pred)
+
+    scored = [p for p in predictions if p["status"] != "skipped"]
+    n = len(scored)
+    metrics = {
+        "ex": report["ex"], "em": report["em"], "n": n,
+        "skipped": len(predictions) - n,
+        "by_hardness": report["by_hardness"],
+        "errors": report["errors"],
+        "gold_failed": report.get("gold_failed", 0),
+        "executable": round(sum(p["status"] == "ok" for p in scored) / n, 4) if n else None,
+        "generation_seconds": round(seconds, 3),
+        "examples_per_second": round(len(prompts) / seconds, 3) if prompts and seconds else None,
+        "num_samples": num_samples,
+    }
+    if tokens_before is not None and seconds:
+        tokens = generator.generated_tokens - tokens_before
+        metrics["generated_tokens"] = tokens
+        metrics["tokens_per_second"] = round(tokens / seconds, 1)
+    return metrics, predictions
+
+
+def _check_count(outputs: list, prompts: list[str]) -> None:
+    if len(outputs) != len(prompts):
+        raise RuntimeError(f"the generator returned {len(outputs)} results for "
+                           f"{len(prompts)} prompts")
+
+
+def _default_workers() -> int:
+    return max(1, min(8, os.cpu_count() or 1))
+
+
+# --------------------------------------------------------------------------- a model
+
+def evaluate_model(model_dir: str | Path, params, seed: int, splits: dict[str, str | Path], *,
+                   generator=None, render: Callable[[list[dict]], str] | None = None,
+                   spider_dir: str | Path = SPIDER_DIR, workers: int | None = None,
+                   progress: bool = True) -> tuple[dict, dict[str, list[dict]]]:
+    """Evaluate one model on each split. `params` is the `eval` section (EvalParams).
+
+    Returns (metrics, predictions per split): the "dev" split's metrics at the top level,
+    every other non-empty split's under its name. `generator`/`render` replace the model
+    (tests, or a caller that already holds one); otherwise `make_generator` loads model_dir.
+    """
+    if PRIMARY_SPLIT not in splits:
+        raise ValueError(f"splits must include {PRIMARY_SPLIT!r}")
+    data = {name: read_jsonl(path, missing_ok=name != PRIMARY_SPLIT)
+            for name, path in splits.items()}
+    if generator is None and any(row.get("prompt") for rows in data.values() for row in rows):
+        from sqlrl.generate import make_generator
+        from sqlrl.prompts import render_prompt
+
+        generator, tokenizer = make_generator(model_dir, params, seed, progress=progress)
+        render = render or (lambda messages: render_prompt(tokenizer, messages))
+    if generator is not None and render is None:
+        raise ValueError("a generator passed in needs its `render` (messages -> prompt text)")
+
+    metrics: dict = {}
+    predictions: dict[str, list[dict]] = {}
+    for name, rows in data.items():
+        if generator is not None and hasattr(generator, "desc"):
+            generator.desc = f"{Path(model_dir).name} {name}"
+        split_metrics, predictions[name] = evaluate_split(
+            rows, generator, render, num_samples=params.num_samples,
+            temperature=params.temperature, seed=seed, spider_dir=spider_dir, workers=workers)
+        if name == PRIMARY_SPLIT:
+            metrics.update(split_metrics)
+        elif rows:
+            metrics[name] = split_metrics
+    return metrics, predictions

@@ -1,0 +1,258 @@
+"""GRPO with the execution reward: TRL's GRPOTrainer on the SFT model with a LoRA adapter.
+
+Prompt selection (what published text-to-SQL RL found useful), before training:
+- drop prompts whose gold result is empty (every wrong query that returns nothing would be
+  rewarded as right);
+- optionally keep only prompts the SFT model solves sometimes but not always (pass-rate filter):
+  a group whose samples all get the same reward has zero advantage and teaches nothing.
+Rollouts use transformers generation, or vLLM (colocate) where installed and asked for.
+The adapter is written to a temporary folder and renamed at the end, so an interrupted run
+never leaves an output that looks complete; checkpoints live outside the DVC output so that
+`grpo.resume: true` can continue an interrupted run.
+"""
+from __future__ import annotations
+
+import functools
+import random
+import shutil
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlrl.params import GrpoParams
+
+DVCLIVE_DIR = "dvclive/grpo"
+CHECKPOINT_DIR = "checkpoints/grpo"   # git- and DVC-ignored; survives an interrupted stage
+
+
+@dataclass
+class SelectionStats:
+    candidates: int = 0
+    dropped_gold_error: int = 0
+    dropped_empty_gold: int = 0
+    pass_rate_pool: int = 0
+    dropped_always_solved: int = 0
+    dropped_never_solved: int = 0
+    kept: int = 0
+    pass_rates: list[float] = field(default_factory=list)
+
+    def as_metrics(self) -> dict:
+        out = {k: v for k, v in self.__dict__.items() if k != "pass_rates"}
+        if self.pass_rates:
+            out["pool_mean_pass_rate"] = round(statistics.fmean(self.pass_rates), 4)
+        return out
+
+
+def drop_empty_gold(rows: list[dict], executor, stats: SelectionStats) -> list[dict]:
+    """Rows whose gold SQL runs and returns at least one row."""
+    kept = []
+    for row in rows:
+        verdict = executor.execute_gold(row["db_path"], row["gold_sql"])
+        if verdict.status != "ok":
+            stats.dropped_gold_error += 1
+        elif not verdict.rows:
+            stats.dropped_empty_gold += 1
+        else:
+            kept.append(row)
+    return kept
+
+
+def pass_rate_filter(rows: list[dict], rates: list[float], min_rate: float, max_rate: float,
+                     stats: SelectionStats) -> list[dict]:
+    """Rows whose sampled pass rate lies in [min_rate, max_rate]."""
+    kept = []
+    for row, rate in zip(rows, rates):
+        if rate > max_rate:
+            stats.dropped_always_solved += 1
+        elif rate < min_rate:
+            stats.dropped_never_solved += 1
+        else:
+            kept.append(row)
+    return kept
+
+
+def sampled_pass_rates(rows: list[dict], generator, tokenizer, samples: int,
+                       temperature: float, seed: int, reward_fn) -> list[float]:
+    """Share of `samples` completions per prompt that the execution reward scores 1."""
+    from sqlrl.prompts import render_prompt
+
+    prompts = [render_prompt(tokenizer, row["prompt"]) for row in rows]
+    groups = generator.sample(prompts, samples, temperature, seed)
+    rates = []
+    for row, group in zip(rows, groups):
+        rewards = reward_fn(group, db_path=[row["db_path"]] * len(group),
+                            gold_sql=[row["gold_sql"]] * len(group))
+        rates.append(sum(rewards) / len(rewards))
+    return rates
+
+
+def select_prompts(rows: list[dict], params: GrpoParams, seed: int, executor,
+                   sample_pass_rates=None) -> tuple[list[dict], SelectionStats]:
+    """The GRPO training prompts, in a seeded order, and what the filters did.
+
+    `sample_pass_rates(rows) -> list[float]` measures the SFT model's pass rates; it is only
+    called when the pass-rate filter is on (grpo.pass_rate_filter.pool > 0).
+    """
+    stats = SelectionStats(candidates=len(rows))
+    rows = list(rows)
+    random.Random(seed).shuffle(rows)
+    if params.drop_empty_gold:
+        rows = drop_empty_gold(rows, executor, stats)
+    filt = params.pass_rate_filter
+    if filt.pool > 0:
+        pool = rows[: filt.pool]
+        stats.pass_rate_pool = len(pool)
+        stats.pass_rates = sample_pass_rates(pool)
+        rows = pass_rate_filter(pool, stats.pass_rates, filt.min_rate, filt.max_rate, stats)
+    stats.kept = len(rows)
+    if not rows:
+        raise ValueError(f"GRPO prompt selection kept no prompt: {stats.as_metrics()}")
+    return rows, stats
+
+
+class StepTimer:
+    """Seconds spent in generation+scoring and in reward functions, per optimizer step."""
+
+    def __init__(self):
+        self.reward_s = 0.0
+        self.rollout_s = 0.0
+
+    def wrap_reward(self, fn):
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.reward_s += time.perf_counter() - start
+        return timed
+
+    def wrap_rollout(self, fn):
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.rollout_s += time.perf_counter() - start
+        return timed
+
+
+def grpo_config(params: GrpoParams, seed: int, output_dir: str, max_steps: int | None = None):
+    """TRL's GRPOConfig from params; bf16 and gradient checkpointing always explicit."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=output_dir, max_steps=max_steps or params.steps, seed=seed,
+        learning_rate=params.learning_rate, per_device_train_batch_size=params.batch_size,
+        num_generations=params.num_generations, temperature=params.temperature,
+        max_completion_length=params.max_completion_length, loss_type=params.loss_type,
+        beta=params.beta, epsilon=params.epsilon, epsilon_high=params.epsilon_high,
+        scale_rewards=params.scale_rewards, num_iterations=params.num_iterations,
+        reward_weights=[params.reward_weights.execution, params.reward_weights.syntax],
+        use_vllm=params.use_vllm, vllm_mode=params.vllm_mode,
+        bf16=params.bf16, gradient_checkpointing=params.gradient_checkpointing,
+        logging_steps=params.logging_steps, save_steps=params.save_steps, save_total_limit=2,
+        report_to="none", disable_tqdm=False, remove_unused_columns=False,
+        use_cpu=not _cuda(), dataloader_num_workers=0,
+    )
+
+
+def _cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def lora_config(params: GrpoParams):
+    from peft import LoraConfig
+
+    return LoraConfig(r=params.lora.r, lora_alpha=params.lora.alpha,
+                      lora_dropout=params.lora.dropout,
+                      target_modules=list(params.lora.target_modules), task_type="CAUSAL_LM")
+
+
+def last_checkpoint(checkpoint_dir: str | Path) -> str | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    path = Path(checkpoint_dir)
+    return get_last_checkpoint(str(path)) if path.is_dir() else None
+
+
+def summarize_log(history: list[dict], timer: StepTimer, steps: int, wall_s: float) -> dict:
+    """metrics/grpo.json from the trainer's log history."""
+    logged = [h for h in history if "reward" in h]
+    rewards = [h["reward"] for h in logged]
+    window = max(1, len(rewards) // 10)
+
+    def mean_of(key, rows=logged):
+        values = [h[key] for h in rows if key in h]
+        return round(statistics.fmean(values), 4) if values else None
+
+    losses = [h["loss"] for h in logged if "loss" in h]
+    return {
+        "steps": steps,
+        "logged_steps": len(logged),
+        "first_mean_reward": round(statistics.fmean(rewards[:window]), 4) if rewards else None,
+        "final_mean_reward": round(statistics.fmean(rewards[-window:]), 4) if rewards else None,
+        "peak_reward": round(max(rewards), 4) if rewards else None,
+        "final_loss": round(losses[-1], 6) if losses else None,
+        "mean_frac_reward_zero_std": mean_of("frac_reward_zero_std"),
+        "mean_completion_length": mean_of("completions/mean_length"),
+        "mean_kl": mean_of("kl"),
+        "wall_seconds": round(wall_s, 1),
+        "seconds_per_step": {
+            "total": round(wall_s / max(steps, 1), 3),
+            "generation": round((timer.rollout_s - timer.reward_s) / max(steps, 1), 3),
+            "reward": round(timer.reward_s / max(steps, 1), 3),
+            "update": round((wall_s - timer.rollout_s) / max(steps, 1), 3),
+        },
+    }
+
+
+def train_grpo(params: GrpoParams, seed: int, sft_dir: str | Path, rows: list[dict],
+               out_dir: str | Path, reward_funcs: list, checkpoint_dir: str | Path = CHECKPOINT_DIR,
+               dvclive_dir: str = DVCLIVE_DIR) -> dict:
+    """Train the LoRA adapter on `rows` (prompt, gold_sql, db_path) and save it to out_dir."""
+    from datasets import Dataset
+    from dvclive import Live
+    from transformers import set_seed
+    from transformers.integrations import DVCLiveCallback
+    from trl import GRPOTrainer
+
+    from sqlrl.modeling import load_model_and_tokenizer
+
+    set_seed(seed)
+    timer = StepTimer()
+    model, tokenizer = load_model_and_tokenizer(sft_dir)
+    dataset = Dataset.from_list([{"prompt": r["prompt"], "gold_sql": r["gold_sql"],
+                                  "db_path": r["db_path"]} for r in rows])
+    resume_from = last_checkpoint(checkpoint_dir) if params.resume else None
+    if not params.resume:
+        shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    live = Live(dvclive_dir, dvcyaml=False, save_dvc_exp=False, resume=bool(resume_from))
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=[timer.wrap_reward(f) for f in reward_funcs],
+        args=grpo_config(params, seed, str(checkpoint_dir)), train_dataset=dataset,
+        processing_class=tokenizer, peft_config=lora_config(params),
+        callbacks=[DVCLiveCallback(live=live)])
+    if hasattr(trainer, "_generate_and_score_completions"):
+        trainer._generate_and_score_completions = timer.wrap_rollout(
+            trainer._generate_and_score_completions)
+    start = time.perf_counter()
+    trainer.train(resume_from_checkpoint=resume_from)
+    wall = time.perf_counter() - start
+    out_dir = Path(out_dir)
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    trainer.save_model(str(tmp))
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)
+    live.end()
+    metrics = summarize_log(trainer.state.log_history, timer, trainer.state.global_step, wall)
+    metrics["resumed_from"] = Path(resume_from).name if resume_from else None
+    print(f"grpo: reward {metrics['first_mean_reward']} -> {metrics['final_mean_reward']} "
+          f"over {metrics['steps']} steps", file=sys.stderr)
+    return metrics

@@ -1,0 +1,30 @@
+"""Merge the GRPO LoRA adapter onto the SFT model -> models/final, a plain safetensors model.
+
+The result loads with AutoModelForCausalLM alone (no PEFT, no adapter) and carries the
+tokenizer and its chat template, so serving and publishing need nothing else.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from sqlrl.modeling import load_model_and_tokenizer
+
+
+def merge_adapter(sft_dir: str | Path, adapter_dir: str | Path, out_dir: str | Path) -> dict:
+    """Fold the adapter into the SFT weights and save; returns what was merged."""
+    from peft import PeftModel
+
+    adapter_dir, out_dir = Path(adapter_dir), Path(out_dir)
+    if not (adapter_dir / "adapter_config.json").is_file():
+        raise FileNotFoundError(f"{adapter_dir}: no adapter_config.json (run the grpo stage)")
+    model, tokenizer = load_model_and_tokenizer(sft_dir)
+    merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
+    tmp = out_dir.with_name(out_dir.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    merged.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    tmp.rename(out_dir)  # a half-written model never sits at out_dir
+    return {"sft": str(sft_dir), "adapter": str(adapter_dir),
+            "parameters": sum(p.numel() for p in merged.parameters())}

@@ -1,0 +1,222 @@
+"""A pull-request report: what this revision changed against a baseline, as Markdown + PNGs.
+
+    python -m sqlrl.report --baseline main --out report/
+
+- `dvc params diff` and `dvc metrics diff` as tables;
+- EX/EM per evaluated model and per hardness, with deltas;
+- the dev questions whose verdict flipped (from data/predictions/, both predictions shown);
+- plots rendered to PNG with matplotlib (loss and reward curves, EX by hardness per stage),
+  because the HTML of `dvc plots show` needs a CDN and does not render offline.
+The workspace is the "new" side; the baseline is any git revision.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from sqlrl.paths import REPO_ROOT
+
+HARDNESS = ("easy", "medium", "hard", "extra")
+STAGES = ("base", "sft", "final")
+CURVES = {  # title -> (dvclive plots file, relative to the repo root)
+    "SFT loss": "dvclive/sft/plots/metrics/loss.tsv",
+    "GRPO reward": "dvclive/grpo/plots/metrics/reward.tsv",
+    "GRPO loss": "dvclive/grpo/plots/metrics/loss.tsv",
+}
+MAX_FLIPS = 30
+
+
+def git_show(rev: str, path: str, root: Path = REPO_ROOT) -> str | None:
+    """A file's text at `rev`, or None when it did not exist there."""
+    proc = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=root, capture_output=True,
+                          text=True)
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def workspace_text(path: str, root: Path = REPO_ROOT) -> str | None:
+    p = root / path
+    return p.read_text(encoding="utf-8") if p.is_file() else None
+
+
+def _json_or_none(text: str | None) -> dict | None:
+    return json.loads(text) if text else None
+
+
+def _jsonl(text: str | None) -> list[dict]:
+    return [json.loads(line) for line in (text or "").splitlines() if line.strip()]
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "—" if value is None else str(value)
+
+
+def _delta(new, old) -> str:
+    if isinstance(new, (int, float)) and isinstance(old, (int, float)):
+        d = new - old
+        return f"{d:+.4g}" if d else "0"
+    return ""
+
+
+def dvc_diff_table(kind: str, baseline: str, root: Path = REPO_ROOT) -> str:
+    """`dvc params diff` / `dvc metrics diff` against `baseline` as a Markdown table."""
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as repo:
+        api = repo.params if kind == "params" else repo.metrics
+        diff = api.diff(a_rev=baseline).get("diff", {})
+    rows = [(path, key, change.get("old"), change.get("new"))
+            for path, entries in sorted(diff.items()) for key, change in sorted(entries.items())]
+    if not rows:
+        return f"No {kind} changed.\n"
+    lines = [f"| file | {kind[:-1]} | {baseline} | this revision | change |", "|---|---|---|---|---|"]
+    lines += [f"| {p} | `{k}` | {_fmt(o)} | {_fmt(n)} | {_delta(n, o)} |" for p, k, o, n in rows]
+    return "\n".join(lines) + "\n"
+
+
+def accuracy_table(old: dict[str, dict | None], new: dict[str, dict | None]) -> str:
+    """EX/EM per stage and hardness, this revision vs baseline."""
+    lines = ["| model | split | EX | ΔEX | EM | ΔEM | n |", "|---|---|---|---|---|---|---|"]
+    for stage in STAGES:
+        cur, base = new.get(stage), old.get(stage) or {}
+        if not cur:
+            continue
+        for split, c, b in [("dev", cur, base)] + [
+                (h, cur.get("by_hardness", {}).get(h, {}), base.get("by_hardness", {}).get(h, {}))
+                for h in HARDNESS] + [("heldout", cur.get("heldout") or {}, base.get("heldout") or {})]:
+            if not c or not c.get("n"):
+                continue
+            lines.append(f"| {stage} | {split} | {_fmt(c.get('ex'))} | {_delta(c.get('ex'), b.get('ex'))}"
+                         f" | {_fmt(c.get('em'))} | {_delta(c.get('em'), b.get('em'))} | {c.get('n')} |")
+    return "\n".join(lines) + "\n"
+
+
+def flipped_questions(old_rows: list[dict], new_rows: list[dict]) -> list[dict]:
+    """Dev questions whose EX verdict changed between two prediction files (same order)."""
+    flips = []
+    for i, (o, n) in enumerate(zip(old_rows, new_rows)):
+        if o.get("question") != n.get("question"):
+            raise ValueError(f"prediction files disagree on question #{i}: the dev set changed")
+        if o.get("ex") != n.get("ex") and None not in (o.get("ex"), n.get("ex")):
+            flips.append({"index": i, "question": n["question"], "gold": n.get("gold"),
+                          "old": o.get("pred"), "new": n.get("pred"),
+                          "now": "fixed" if n["ex"] else "broken"})
+    return flips
+
+
+def flips_section(stage: str, flips: list[dict], baseline: str) -> str:
+    if not flips:
+        return f"No dev verdict flipped for `{stage}`.\n"
+    fixed = sum(f["now"] == "fixed" for f in flips)
+    lines = [f"`{stage}`: {fixed} fixed, {len(flips) - fixed} broken "
+             f"(showing {min(len(flips), MAX_FLIPS)}).", "",
+             f"| # | now | question | gold | {baseline} | this revision |", "|---|---|---|---|---|---|"]
+    for f in flips[:MAX_FLIPS]:
+        cells = [str(f["index"]), f["now"], f["question"], f"`{f['gold']}`", f"`{f['old']}`",
+                 f"`{f['new']}`"]
+        lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _read_curve(text: str | None) -> tuple[list[float], list[float]]:
+    if not text:
+        return [], []
+    rows = list(csv.DictReader(io.StringIO(text), delimiter="\t"))
+    if not rows:
+        return [], []
+    value_key = [k for k in rows[0] if k not in ("step", "timestamp")][0]
+    return [float(r["step"]) for r in rows], [float(r[value_key]) for r in rows]
+
+
+def render_plots(out_dir: Path, baseline: str, old_evals: dict, new_evals: dict,
+                 root: Path = REPO_ROOT) -> list[str]:
+    """PNG files for the report; returns their names (only the plots that have data)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = []
+    for title, path in CURVES.items():
+        new, old = _read_curve(workspace_text(path, root)), _read_curve(git_show(baseline, path, root))
+        if not new[0] and not old[0]:
+            continue
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        if old[0]:
+            ax.plot(*old, label=baseline, alpha=0.6)
+        if new[0]:
+            ax.plot(*new, label="this revision")
+        ax.set(title=title, xlabel="step")
+        ax.legend()
+        name = title.lower().replace(" ", "_") + ".png"
+        fig.tight_layout()
+        fig.savefig(out_dir / name, dpi=100)
+        plt.close(fig)
+        names.append(name)
+    stages = [s for s in STAGES if new_evals.get(s)]
+    if stages:
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        width = 0.8 / len(stages)
+        for k, stage in enumerate(stages):
+            by = new_evals[stage].get("by_hardness", {})
+            ax.bar([i + k * width for i in range(len(HARDNESS))],
+                   [by.get(h, {}).get("ex") or 0 for h in HARDNESS], width, label=stage)
+        ax.set_xticks([i + width * (len(stages) - 1) / 2 for i in range(len(HARDNESS))], HARDNESS)
+        ax.set(title="Dev EX by hardness (this revision)", ylabel="EX", ylim=(0, 1))
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out_dir / "ex_by_hardness.png", dpi=100)
+        plt.close(fig)
+        names.append("ex_by_hardness.png")
+    return names
+
+
+def build_report(baseline: str, out_dir: Path, root: Path = REPO_ROOT) -> Path:
+    """Write out_dir/report.md (+ PNGs) comparing the workspace with `baseline`."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{baseline}^{{commit}}"],
+                      cwd=root, capture_output=True).returncode != 0:
+        raise ValueError(f"baseline {baseline!r} is not a git revision of {root}")
+    new_evals = {s: _json_or_none(workspace_text(f"metrics/eval_{s}.json", root)) for s in STAGES}
+    old_evals = {s: _json_or_none(git_show(baseline, f"metrics/eval_{s}.json", root)) for s in STAGES}
+    parts = [f"# Pipeline report: this revision vs `{baseline}`\n",
+             "## Accuracy on Spider dev (EX: execution, EM: exact set match)\n",
+             accuracy_table(old_evals, new_evals),
+             "## Parameters (`dvc params diff`)\n", dvc_diff_table("params", baseline, root),
+             "## Metrics (`dvc metrics diff`)\n", dvc_diff_table("metrics", baseline, root),
+             "## Dev questions whose verdict flipped\n"]
+    for stage in STAGES:
+        path = f"data/predictions/{stage}.jsonl"
+        new_rows, old_rows = _jsonl(workspace_text(path, root)), _jsonl(git_show(baseline, path, root))
+        if new_rows and old_rows:
+            parts.append(flips_section(stage, flipped_questions(old_rows, new_rows), baseline))
+    plots = render_plots(out_dir, baseline, old_evals, new_evals, root)
+    if plots:
+        parts.append("## Plots\n")
+        parts += [f"![{name}]({name})\n" for name in plots]
+    report = out_dir / "report.md"
+    report.write_text("\n".join(parts), encoding="utf-8")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--baseline", default="main", help="git revision to compare against")
+    parser.add_argument("--out", default="report", type=Path, help="output folder")
+    args = parser.parse_args(argv)
+    try:
+        path = build_report(args.baseline, args.out)
+    except ValueError as exc:
+        print(f"report: {exc}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""Score predictions against Spider gold: execution accuracy, exact match, hardness, verdicts.
+
+A drop-in for the official evaluator's interface:
+
+    python -m sqlrl.score --gold dev_gold.sql --pred pred.sql --db database/ \\
+        --table tables.json --out report.json
+
+GOLD holds `SQL<TAB>db_id` per line, PRED one SQL per line (same count). EX uses the shared
+executor and equality (sqlrl.equality); EM and hardness come from sqlrl.spider_eval. An item
+whose database file is absent is "skipped": ex and em are null, and it is left out of `n` and
+of the EX/EM fractions, but counted in `skipped`. The same report comes from
+`score_predictions` for in-process callers.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+from tqdm import tqdm
+
+from sqlrl.executor import ExecLimits
+from sqlrl.rewards import Judgement, JudgePool
+
+HARDNESS_LEVELS = ("easy", "medium", "hard", "extra")
+EVAL_TIMEOUT_S = 10.0          # per query; rewards use 5 s, evaluation can afford more
+_ERROR_CHARS = 200
+_pools: dict[tuple, JudgePool] = {}
+
+
+class ScoreInputError(ValueError):
+    """The gold or prediction file cannot be scored as given; the message says why."""
+
+
+def score_predictions(gold: list[tuple[str, str]], preds: list[str], db_dir, tables_json,
+                      workers: int | None = None, limits: ExecLimits | None = None,
+                      keep_distinct: bool = False, progress: bool = True) -> dict:
+    """The report (see module docstring) for `preds` against `gold` [(sql, db_id), ...]."""
+    if len(gold) != len(preds):
+        raise ScoreInputError(f"{len(gold)} gold items but {len(preds)} predictions")
+    schemas = _schemas(tables_json)
+    db_dir = Path(db_dir)
+    items = [(str((db_dir / db_id / f"{db_id}.sqlite").absolute()), sql, pred)
+             for (sql, db_id), pred in zip(gold, preds)]
+    pool = _pool(limits or ExecLimits(timeout_s=EVAL_TIMEOUT_S), workers, keep_distinct)
+    with tqdm(total=len(items), desc="score", unit="query", file=sys.stderr,
+              disable=not progress) as bar:
+        judgements = pool.judge_many(items, progress=bar.update)
+    em_tools = _spider_eval()
+    report_items = [_item(i, sql, db_id, pred, judgement, schemas.get(db_id), em_tools)
+                    for i, ((sql, db_id), pred, judgement)
+                    in enumerate(zip(gold, preds, judgements))]
+    report = _summary(report_items)
+    if em_tools is None:
+        report["warnings"] = ["sqlrl.spider_eval is unavailable: em and hardness are null"]
+    return report
+
+
+def _schemas(tables_json) -> dict[str, dict]:
+    """tables.json entries by db_id."""
+    try:
+        with open(tables_json, encoding="utf-8") as fh:
+            return {entry["db_id"]: entry for entry in json.load(fh)}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ScoreInputError(f"{tables_json}: cannot read the schemas: {exc}") from None
+
+
+def _pool(limits: ExecLimits, workers: int | None, keep_distinct: bool) -> JudgePool:
+    """A judge pool per configuration, kept for later calls in this process."""
+    key = (limits, workers, keep_distinct)
+    if key not in _pools:
+        _pools[key] = JudgePool(limits, workers, keep_distinct)
+    return _pools[key]
+
+
+def _spider_eval():
+    """(exact_match, hardness) from sqlrl.spider_eval, or None when it cannot be imported."""
+    try:
+        from sqlrl.spider_eval import exact_match, hardness
+    except ImportError:
+        return None
+    return exact_match, hardness
+
+
+def _item(index: int, gold_sql: str, db_id: str, pred: str, judgement: Judgement,
+          schema: dict | None, em_tools) -> dict:
+    """One line of the report."""
+    status = judgement.status
+    skipped = status == "skipped"
+    level = em = None
+    if em_tools is not None and schema is not None:
+        exact_match, hardness = em_tools
+        level = _safely(hardness, gold_sql, schema)
+        if not skipped:
+            em = int(bool(_safely(exact_match, gold_sql, pred, schema)))
+    error = judgement.error if status != "ok" or not judgement.match else ""
+    if schema is None:
+        error = (error + "; " if error else "") + f"db_id {db_id!r} is not in tables.json"
+    return {
+        "index": index, "db_id": db_id, "hardness": level, "status": status,
+        "ex": None if skipped else int(judgement.match), "em": em,
+        "error": error[:_ERROR_CHARS], "gold_failed": judgement.gold_status not in ("ok", "skipped"),
+    }
+
+
+def _safely(fn, *args):
+    """EM and hardness parse SQL; a prediction they cannot parse is simply not a match."""
+    try:
+        return fn(*args)
+    except Exception:
+        return None
+
+
+def _fraction(values: list) -> float | None:
+    return round(sum(values) / len(values), 6) if values else None
+
+
+def _summary(items: list[dict]) -> dict:
+    """Fractions over the non-skipped items, per hardness level, and error counts."""
+    scored = [it for it in items if it["status"] != "skipped"]
+    statuses = Counter(it["status"] for it in scored)
+    by_hardness = {}
+    for level in HARDNESS_LEVELS:
+        here = [it for it in scored if it["hardness"] == level]
+        by_hardness[level] = {
+            "n": len(here), "ex": _fraction([it["ex"] for it in here]),
+            "em": _fraction([it["em"] for it in here if it["em"] is not None]),
+            "skipped": sum(1 for it in items
+                           if it["hardness"] == level and it["status"] == "skipped"),
+        }
+    return {
+        "ex": _fraction([it["ex"] for it in scored]),
+        "em": _fraction([it["em"] for it in scored if it["em"] is not None]),
+        "n": len(scored),
+        "skipped": len(items) - len(scored),
+        "total": len(items),
+        "by_hardness": by_hardness,
+        "errors": {"error": statuses["error"], "timeout": statuses["timeout"]},
+        "gold_failed": sum(1 for it in scored if it["gold_failed"]),
+        "items": items,
+    }
+
+
+def read_gold(path) -> list[tuple[str, str]]:
+    """(SQL, db_id) per non-blank line of a `SQL<TAB>db_id` file."""
+    gold = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        sql, tab, db_id = line.rpartition("\t")
+        if not tab or not db_id.strip():
+            raise ScoreInputError(f"{path}:{number}: expected `SQL<TAB>db_id`, got {line[:80]!r}")
+        gold.append((sql.strip(), db_id.strip()))
+    return gold
+
+
+def read_preds(path) -> list[str]:
+    """One SQL per line; an empty line is an empty prediction (it scores 0, as an error)."""
+    return [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m sqlrl.score", description=__doc__.split("\n")[0])
+    parser.add_argument("--gold", required=True, help="SQL<TAB>db_id per line (dev_gold.sql)")
+    parser.add_argument("--pred", required=True, help="one predicted SQL per line")
+    parser.add_argument("--db", required=True, help="the database/ folder of the Spider release")
+    parser.add_argument("--table", required=True, help="tables.json")
+    parser.add_argument("--out", required=True, help="where to write the JSON report")
+    parser.add_argument("--workers", type=int, default=None, help="parallel processes")
+    parser.add_argument("--timeout", type=float, default=EVAL_TIMEOUT_S, help="seconds per query")
+    parser.add_argument("--keep-distinct", action="store_true",
+                        help="compare with DISTINCT kept (the test suite removes it by default)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        gold = read_gold(args.gold)
+        preds = read_preds(args.pred)
+        # a file that ends in blank lines has no predictions there: drop them before counting
+        while len(preds) > len(gold) and preds and not preds[-1]:
+            preds.pop()
+        if len(gold) != len(preds):
+            raise ScoreInputError(f"{args.gold} has {len(gold)} gold items but {args.pred} has "
+                                  f"{len(preds)} predictions; they must match line for line")
+        report = score_predictions(gold, preds, args.db, args.table, args.workers,
+                                   ExecLimits(timeout_s=args.timeout), args.keep_distinct,
+                                   progress=not args.no_progress)
+    except (ScoreInputError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    print(f"EX {_percent(report['ex'])}  EM {_percent(report['em'])}  n={report['n']} "
+          f"skipped={report['skipped']}  errors={report['errors']}  -> {args.out}")
+    return 0
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.2f}%"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,39 @@
+"""HTTP service for a trained text-to-SQL model.
+
+    python -m sqlrl.serve --model models/final --host 127.0.0.1 --port 8000
+    SQLRL_MODEL=models/final uvicorn sqlrl.serve:app --host 127.0.0.1 --port 8000
+
+`POST /generate` {"question": ..., and one of "schema_str" | "db_id" | "ddl"} -> {"sql": ...};
+optional "execute" (db_id only: rows from the read-only executor), "max_new_tokens",
+"temperature", "num_samples" (execution-based voting when executing), "seed", "max_rows".
+`GET /health`, `GET /v1/models`, `GET /databases`.
+
+Prompts are built by sqlrl.prompts with the prepare params of params.yaml (as in training).
+Backends: vLLM when installed (AsyncLLMEngine, else LLM), transformers otherwise, with an
+asyncio micro-batcher that batches concurrent requests.
+
+Settings: `create_app(ServeConfig(...))`, CLI flags (`python -m sqlrl.serve --help`), or for
+the module-level `app` (built on first access; the model loads at startup, never at import)
+SQLRL_* environment variables named after the ServeConfig fields (SQLRL_MODEL,
+SQLRL_SPIDER_DIR, SQLRL_BACKEND, SQLRL_MAX_BATCH_SIZE, SQLRL_REQUEST_TIMEOUT_S, ...).
+"""
+from __future__ import annotations
+
+from sqlrl.serve.service import GenerateRequest, ServeConfig, create_app
+from sqlrl.serve.cli import config_from_env, main
+from sqlrl.serve.prompting import PromptSettings, schema_from_ddl
+
+__all__ = ["GenerateRequest", "PromptSettings", "ServeConfig", "config_from_env", "create_app",
+           "main", "schema_from_ddl"]
+
+_app = None
+
+
+def __getattr__(name: str):
+    """`sqlrl.serve.app` for uvicorn: built from SQLRL_* variables on first access."""
+    global _app
+    if name == "app":
+        if _app is None:
+            _app = create_app(config_from_env())
+        return _app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,236 @@
+"""Served prompts, built exactly as training built them (sqlrl.prompts + the prepare params).
+
+Three ways a request names its schema:
+- `schema_str`: schema text already serialised by the caller; used as it is.
+- `db_id`: a database of the server's Spider directory; the schema comes from tables.json and
+  is serialised by `sqlrl.prepare.PromptFactory`, the class that wrote the training prompts.
+- `ddl`: CREATE TABLE statements, parsed with sqlglot into `sqlrl.spider.Schema` and serialised
+  in the configured format, so a compact-format model sees `table | col, col | ...` as trained.
+
+With `prepare.mark_schema_mentions`, the question gets the same "Schema mentions" suffix as in
+training whenever a parsed schema is known (db_id, ddl); `schema_str` is opaque text and the
+question stays as it is.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlrl.spider import Column, ForeignKey, Schema, Table
+
+DB_ID_PATTERN = re.compile(r"[A-Za-z0-9_]{1,128}")
+
+
+class InputError(ValueError):
+    """The request cannot be served as given; `status` is the HTTP status to answer with."""
+
+    def __init__(self, message: str, status: int = 422):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class PromptSettings:
+    """The prepare params that shape a prompt (read from params.yaml by default)."""
+    schema_format: str
+    sample_rows: int
+    system_prompt: str
+    mark_schema_mentions: bool = False
+
+    @classmethod
+    def from_params(cls, params_file: str | Path | None = None, **overrides) -> "PromptSettings":
+        """The prepare section of params.yaml, with any non-None `overrides` on top."""
+        from sqlrl.params import PARAMS_FILE, load_params
+
+        values = {k: v for k, v in overrides.items() if v is not None}
+        if set(values) < {"schema_format", "sample_rows", "system_prompt"}:
+            prep = load_params(params_file or PARAMS_FILE).prepare
+            base = dict(schema_format=prep.schema_format, sample_rows=prep.sample_rows,
+                        system_prompt=prep.system_prompt,
+                        mark_schema_mentions=prep.mark_schema_mentions)
+            values = {**base, **values}
+        settings = cls(**values)
+        if settings.schema_format not in ("compact", "ddl"):
+            raise ValueError(f"schema format must be 'compact' or 'ddl', "
+                             f"got {settings.schema_format!r}")
+        return settings
+
+
+# --------------------------------------------------------------------------- DDL
+
+def _spider_type(kind) -> str:
+    """tables.json's column type (text, number, time, boolean, others) for a sqlglot type."""
+    from sqlglot import exp
+
+    if kind is None:
+        return "text"
+    t = kind.this
+    if t in exp.DataType.TEXT_TYPES:
+        return "text"
+    if t in exp.DataType.NUMERIC_TYPES or t.name in ("REAL", "NUMBER"):
+        return "number"
+    if t in exp.DataType.TEMPORAL_TYPES or t.name == "YEAR":
+        return "time"
+    if t.name == "BOOLEAN":
+        return "boolean"
+    return "others"
+
+
+def _name(node) -> str:
+    from sqlglot import exp
+
+    if isinstance(node, exp.Identifier):
+        return node.this
+    if isinstance(node, exp.Table):
+        return node.name
+    return node.name if hasattr(node, "name") else str(node)
+
+
+def schema_from_ddl(ddl: str, db_id: str = "ddl") -> Schema:
+    """CREATE TABLE statements -> Schema (names, types, primary and foreign keys).
+
+    Statements other than CREATE TABLE (indexes, inserts) are ignored; no CREATE TABLE at all,
+    or text sqlglot cannot parse, is an InputError naming the problem."""
+    import sqlglot
+    from sqlglot import exp
+    from sqlglot.errors import ParseError, TokenError
+
+    try:
+        statements = sqlglot.parse(ddl, read="sqlite")
+    except (ParseError, TokenError) as exc:
+        raise InputError(f"ddl: cannot parse the CREATE TABLE statements: "
+                         f"{str(exc).splitlines()[0][:300]}") from None
+    tables: list[Table] = []
+    foreign_keys: list[ForeignKey] = []
+    for stmt in statements:
+        if not isinstance(stmt, exp.Create) or str(stmt.args.get("kind", "")).upper() != "TABLE":
+            continue
+        target = stmt.this
+        if not isinstance(target, exp.Schema):  # CREATE TABLE ... AS SELECT: no column list
+            raise InputError(f"ddl: CREATE TABLE {target.sql()} has no column list")
+        table_name = _name(target.this)
+        columns: list[tuple[str, str, bool]] = []
+        primary: set[str] = set()
+        for item in target.expressions:
+            if isinstance(item, exp.Identifier):  # a column without a type
+                columns.append((item.this, "text", False))
+            elif isinstance(item, exp.ColumnDef):
+                name = item.name
+                is_pk = False
+                for constraint in item.args.get("constraints") or []:
+                    kind = constraint.args.get("kind")
+                    if isinstance(kind, exp.PrimaryKeyColumnConstraint):
+                        is_pk = True
+                    elif isinstance(kind, exp.Reference):
+                        ref = kind.this
+                        ref_cols = [_name(c) for c in getattr(ref, "expressions", [])]
+                        foreign_keys.append(ForeignKey(table_name, name, _name(ref.this)
+                                                       if isinstance(ref, exp.Schema)
+                                                       else _name(ref),
+                                                       ref_cols[0] if ref_cols else name))
+                columns.append((name, _spider_type(item.args.get("kind")), is_pk))
+            elif isinstance(item, exp.PrimaryKey):
+                primary.update(_name(c.this if isinstance(c, exp.Ordered) else c)
+                               for c in item.expressions)
+            elif isinstance(item, exp.ForeignKey):
+                ref = item.args.get("reference")
+                if ref is None:
+                    continue
+                ref_schema = ref.this
+                ref_table = _name(ref_schema.this if isinstance(ref_schema, exp.Schema)
+                                  else ref_schema)
+                ref_cols = [_name(c) for c in getattr(ref_schema, "expressions", [])]
+                for i, col in enumerate(item.expressions):
+                    ref_col = ref_cols[i] if i < len(ref_cols) else _name(col)
+                    foreign_keys.append(ForeignKey(table_name, _name(col), ref_table, ref_col))
+        if not columns:
+            raise InputError(f"ddl: table {table_name!r} has no columns")
+        tables.append(Table(table_name, tuple(Column(n, t, pk or n in primary)
+                                              for n, t, pk in columns)))
+    if not tables:
+        raise InputError("ddl: no CREATE TABLE statement found")
+    return Schema(db_id, tuple(tables), tuple(foreign_keys))
+
+
+# --------------------------------------------------------------------------- prompts
+
+class PromptBuilder:
+    """Chat messages for a request, the way `sqlrl.prepare` made the training prompts."""
+
+    def __init__(self, settings: PromptSettings, spider_dir: str | Path | None):
+        from sqlrl.spider import SpiderDataError, load_schemas
+
+        self.settings = settings
+        self.spider_dir = Path(spider_dir) if spider_dir else None
+        self.schemas: dict[str, Schema] = {}
+        self.spider_error = ""
+        if self.spider_dir is None:
+            self.spider_error = "the server has no Spider directory configured"
+        else:
+            try:
+                self.schemas = load_schemas(self.spider_dir / "tables.json")
+            except SpiderDataError as exc:
+                self.spider_error = f"the server's Spider directory is unusable: {exc}"
+        self._factory = None
+        if self.schemas:
+            from sqlrl.params import AugmentParams, PrepareParams
+            from sqlrl.prepare import PromptFactory
+
+            prepare = PrepareParams(
+                schema_format=settings.schema_format, sample_rows=settings.sample_rows,
+                include_train_others=False, heldout_fraction=0.0, max_train_examples=0,
+                max_dev_examples=0, system_prompt=settings.system_prompt,
+                augment=AugmentParams(0, False, 0.0),
+                mark_schema_mentions=settings.mark_schema_mentions)
+            self._factory = PromptFactory(prepare, self.schemas, self.spider_dir)
+
+    # ------------------------------------------------------------------ databases
+    def db_path(self, db_id: str) -> Path:
+        from sqlrl.spider import database_path
+        return database_path(self.spider_dir, db_id)
+
+    def check_db_id(self, db_id: str, need_file: bool) -> Path:
+        """The database file of a valid `db_id` (a 404 naming it when unknown or absent)."""
+        if not DB_ID_PATTERN.fullmatch(db_id):
+            raise InputError(f"db_id {db_id[:80]!r} is not a database name (letters, digits "
+                             f"and _ only)")
+        if not self.schemas:
+            raise InputError(f"db_id {db_id!r} cannot be used: {self.spider_error}", 503)
+        if db_id not in self.schemas:
+            raise InputError(f"unknown db_id {db_id!r}: not in the server's tables.json "
+                             f"(GET /databases lists them)", 404)
+        path = self.db_path(db_id)
+        if need_file and not path.is_file():
+            raise InputError(f"database {db_id!r} is in tables.json but its SQLite file is "
+                             f"absent from the server's Spider directory", 404)
+        return path
+
+    def databases(self) -> list[dict]:
+        return [{"db_id": db_id, "present": self.db_path(db_id).is_file(),
+                 "tables": [t.name for t in schema.tables]}
+                for db_id, schema in sorted(self.schemas.items())]
+
+    # ------------------------------------------------------------------ messages
+    def messages(self, question: str, *, schema_str: str | None = None,
+                 db_id: str | None = None, ddl: str | None = None) -> list[dict]:
+        from sqlrl.augment import mark_question
+        from sqlrl.prompts import build_messages, serialize_schema
+        from sqlrl.spider import Example
+
+        s = self.settings
+        try:
+            if db_id is not None:
+                self.check_db_id(db_id, need_file=s.sample_rows > 0 and s.schema_format == "ddl")
+                return self._factory.messages(Example(db_id, question, "", "serve"))
+            if ddl is not None:
+                schema = schema_from_ddl(ddl)
+                text = serialize_schema(schema, s.schema_format)  # no database: no sample rows
+                if s.mark_schema_mentions:
+                    question = mark_question(question, schema)
+                return build_messages(text, question, s.system_prompt)
+            return build_messages(schema_str or "", question, s.system_prompt)
+        except InputError:
+            raise
+        except ValueError as exc:  # build_messages: empty question or schema
+            raise InputError(str(exc)) from None

@@ -1,0 +1,424 @@
+"""The FastAPI application: `create_app(ServeConfig(...))`. (This module is `service`, not
+`app`, so that `sqlrl.serve.app` is the uvicorn app object.)
+
+Requests are parsed by hand (size cap, strict UTF-8, JSON object) and then validated by a
+strict pydantic model (`extra="forbid"`, no type coercion), so every bad input gets a 4xx whose
+`detail` says what is wrong. Generation has a deadline (504), a bounded queue (503), and its
+failures are 500s with the reason; none of them stops the server.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import math
+import time
+import unicodedata
+from collections import Counter
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from sqlrl.paths import SPIDER_DIR
+from sqlrl.serve.backends import BackendOptions, Busy, NotReady, make_backend
+from sqlrl.serve.prompting import InputError, PromptBuilder, PromptSettings
+
+log = logging.getLogger("sqlrl.serve")
+
+
+@dataclass
+class ServeConfig:
+    """Everything the server is configured with (CLI flags / SQLRL_* environment variables)."""
+    model: str = "models/final"
+    spider_dir: str = str(SPIDER_DIR)
+    backend: str = "auto"                  # auto | transformers | vllm
+    vllm_engine: str = "auto"              # auto | async | llm
+    params_file: str = ""                  # params.yaml the prompt settings come from
+    schema_format: str | None = None       # override prepare.schema_format
+    sample_rows: int | None = None         # override prepare.sample_rows
+    system_prompt: str | None = None       # override prepare.system_prompt
+    dtype: str | None = None
+    # batching and deadlines
+    max_batch_size: int = 8
+    batch_wait_ms: float = 10.0
+    max_queue: int = 256
+    request_timeout_s: float = 120.0
+    # input limits
+    max_body_bytes: int = 256 * 1024
+    max_question_chars: int = 2000
+    max_schema_chars: int = 100_000
+    max_prompt_tokens: int = 0             # 0: the model's context minus max_new_tokens
+    # generation settings: defaults and bounds
+    max_new_tokens: int = 128              # default per request
+    max_new_tokens_limit: int = 512
+    max_num_samples: int = 16
+    max_temperature: float = 2.0
+    sample_temperature: float = 0.8        # used when num_samples > 1 and none is given
+    seed: int = 0
+    # execution
+    exec_timeout_s: float = 5.0
+    max_rows: int = 100                    # rows returned at most (a request may ask fewer)
+
+    def backend_options(self) -> BackendOptions:
+        return BackendOptions(backend=self.backend, vllm_engine=self.vllm_engine,
+                              max_batch_size=self.max_batch_size,
+                              batch_wait_s=self.batch_wait_ms / 1000.0,
+                              max_queue=self.max_queue,
+                              default_max_new_tokens=self.max_new_tokens, seed=self.seed,
+                              dtype=self.dtype)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+
+class GenerateRequest(BaseModel):
+    """POST /generate. Exactly one of schema_str, db_id, ddl."""
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    question: str
+    schema_str: Optional[str] = None
+    db_id: Optional[str] = None
+    ddl: Optional[str] = None
+    execute: bool = False
+    max_new_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    num_samples: Optional[int] = None
+    seed: Optional[int] = None
+    max_rows: Optional[int] = None
+
+
+# --------------------------------------------------------------------------- errors
+
+class HTTPError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err.get("loc", ())) or "body"
+        msg = err.get("msg", "invalid")
+        if err.get("type") == "extra_forbidden":
+            msg = "unknown field (allowed: question, schema_str, db_id, ddl, execute, " \
+                  "max_new_tokens, temperature, num_samples, seed, max_rows)"
+        parts.append(f"{loc}: {msg}")
+    return "; ".join(parts)
+
+
+def _check_text(name: str, value: str, limit: int) -> None:
+    if len(value) > limit:
+        raise HTTPError(413, f"{name} is {len(value)} characters, over the server's limit "
+                             f"of {limit}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise HTTPError(400, f"{name} is not valid Unicode text ({exc.reason} at "
+                             f"position {exc.start})") from None
+
+
+# --------------------------------------------------------------------------- JSON-safe rows
+
+def _json_value(value):
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+            return value
+        except UnicodeEncodeError:  # text the executor decoded with surrogateescape
+            return value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    if isinstance(value, bytes):
+        return "0x" + value[:64].hex() + ("..." if len(value) > 64 else "")
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def _json_rows(rows) -> list[list]:
+    return [[_json_value(v) for v in row] for row in rows]
+
+
+# --------------------------------------------------------------------------- the app
+
+class Service:
+    """What the routes share: config, prompt builder, backend, counters."""
+
+    def __init__(self, config: ServeConfig, backend=None, prompt_settings=None):
+        self.config = config
+        self.backend = backend
+        self.settings = prompt_settings or PromptSettings.from_params(
+            config.params_file or None, schema_format=config.schema_format,
+            sample_rows=config.sample_rows, system_prompt=config.system_prompt)
+        self.prompts = PromptBuilder(self.settings, config.spider_dir or None)
+        self.started = time.time()
+        self.counts = Counter()
+        self.load_seconds = None
+
+    # ------------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        if self.backend is None:
+            t0 = time.perf_counter()
+            self.backend = await asyncio.to_thread(make_backend, self.config.model,
+                                                   self.config.backend_options())
+            self.load_seconds = round(time.perf_counter() - t0, 3)
+        await self.backend.start()
+        log.info("serve: %s backend ready for %s", self.backend.name, self.config.model)
+
+    async def close(self) -> None:
+        if self.backend is not None:
+            await self.backend.close()
+
+    # ------------------------------------------------------------------ one request
+    def settings_for(self, req: GenerateRequest) -> dict:
+        c = self.config
+        max_new = c.max_new_tokens if req.max_new_tokens is None else req.max_new_tokens
+        if not 1 <= max_new <= c.max_new_tokens_limit:
+            raise HTTPError(422, f"max_new_tokens must be between 1 and "
+                                 f"{c.max_new_tokens_limit}, got {max_new}")
+        n = 1 if req.num_samples is None else req.num_samples
+        if not 1 <= n <= c.max_num_samples:
+            raise HTTPError(422, f"num_samples must be between 1 and {c.max_num_samples}, "
+                                 f"got {n}")
+        if req.temperature is None:
+            temperature = c.sample_temperature if n > 1 else 0.0
+        else:
+            temperature = float(req.temperature)
+        if not (math.isfinite(temperature) and 0.0 <= temperature <= c.max_temperature):
+            raise HTTPError(422, f"temperature must be between 0 and {c.max_temperature:g}, "
+                                 f"got {req.temperature}")
+        if n > 1 and temperature == 0.0:
+            raise HTTPError(422, "num_samples > 1 needs a temperature > 0 (greedy decoding "
+                                 "gives one answer)")
+        max_rows = c.max_rows if req.max_rows is None else req.max_rows
+        if not 0 <= max_rows <= c.max_rows:
+            raise HTTPError(422, f"max_rows must be between 0 and {c.max_rows}, got {max_rows}")
+        seed = c.seed if req.seed is None else req.seed
+        if not 0 <= seed < 2 ** 32:
+            raise HTTPError(422, f"seed must be between 0 and 2**32 - 1, got {seed}")
+        return dict(max_new_tokens=max_new, n=n, temperature=temperature, seed=seed,
+                    max_rows=max_rows)
+
+    def prompt_for(self, req: GenerateRequest) -> tuple[str, Path | None]:
+        """The rendered prompt and, for an execute request, the database file."""
+        c = self.config
+        given = [k for k in ("schema_str", "db_id", "ddl") if getattr(req, k) is not None]
+        if len(given) != 1:
+            raise HTTPError(422, "give exactly one of schema_str, db_id or ddl"
+                                 + (f" (got {', '.join(given)})" if given else ""))
+        _check_text("question", req.question, c.max_question_chars)
+        question = unicodedata.normalize("NFC", req.question).strip()
+        if not question:
+            raise HTTPError(422, "question is empty")
+        for key in ("schema_str", "ddl"):
+            value = getattr(req, key)
+            if value is not None:
+                _check_text(key, value, c.max_schema_chars)
+                if not value.strip():
+                    raise HTTPError(422, f"{key} is empty")
+        if req.db_id is not None:
+            _check_text("db_id", req.db_id, 128)
+        if req.execute and req.db_id is None:
+            raise HTTPError(422, "execute needs a db_id: only databases of the server's "
+                                 "Spider directory can be queried")
+        try:
+            db_path = (self.prompts.check_db_id(req.db_id, need_file=True)
+                       if req.execute else None)
+            messages = self.prompts.messages(question, schema_str=req.schema_str,
+                                             db_id=req.db_id, ddl=req.ddl)
+        except InputError as exc:
+            raise HTTPError(exc.status, str(exc)) from None
+        from sqlrl.prompts import render_prompt
+        return render_prompt(self.backend.tokenizer, messages), db_path
+
+    def check_prompt_length(self, prompt: str, max_new_tokens: int) -> int:
+        limit = self.config.max_prompt_tokens
+        context = getattr(self.backend, "context_length", None)
+        if not limit and context:
+            limit = context - max_new_tokens
+        n_tokens = len(self.backend.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        if limit and n_tokens > limit:
+            raise HTTPError(413, f"the prompt is {n_tokens} tokens, over the limit of {limit} "
+                                 f"(the model's context minus max_new_tokens); shorten the "
+                                 f"schema or question")
+        return n_tokens
+
+    async def generate(self, req: GenerateRequest) -> dict:
+        from sqlrl.sql_extract import extract_sql
+
+        opts = self.settings_for(req)
+        prompt, db_path = self.prompt_for(req)
+        n_tokens = self.check_prompt_length(prompt, opts["max_new_tokens"])
+        t0 = time.perf_counter()
+        try:
+            texts = await asyncio.wait_for(
+                self.backend.complete(prompt, n=opts["n"], temperature=opts["temperature"],
+                                      max_new_tokens=opts["max_new_tokens"], seed=opts["seed"]),
+                timeout=self.config.request_timeout_s)
+        except asyncio.TimeoutError:
+            raise HTTPError(504, f"generation did not finish within "
+                                 f"{self.config.request_timeout_s:g} s") from None
+        except Busy as exc:
+            raise HTTPError(503, str(exc)) from None
+        except NotReady as exc:
+            raise HTTPError(503, str(exc)) from None
+        except Exception as exc:  # noqa: BLE001 - the model failed, the server does not
+            log.exception("generation failed")
+            raise HTTPError(500, f"generation failed: {type(exc).__name__}: {exc}") from None
+        if not texts:
+            raise HTTPError(500, "generation failed: the backend returned no completion")
+        gen_s = time.perf_counter() - t0
+        sqls = [extract_sql(t) for t in texts]
+        out = {"sql": sqls[0], "completion": texts[0]}
+        verdicts = None
+        chosen = 0
+        if db_path is not None:
+            verdicts = await asyncio.to_thread(self._execute_all, db_path, sqls, opts["max_rows"])
+            if len(sqls) > 1:
+                from sqlrl.evaluate import vote
+                chosen, votes = vote(verdicts)
+                out.update(votes=votes, vote="execution")
+        elif len(sqls) > 1:  # no database to run them on: the most frequent SQL text wins
+            counts = Counter(sqls)
+            best = max(counts.values())
+            chosen = next(i for i, s in enumerate(sqls) if counts[s] == best)
+            out.update(votes=best, vote="sql_text")
+        out.update(sql=sqls[chosen], completion=texts[chosen])
+        if len(sqls) > 1:
+            out["num_samples"] = len(sqls)
+            out["candidates"] = sqls
+        if verdicts is not None:
+            v = verdicts[chosen]
+            out["verdict"] = {"status": v.status, "error": v.error}
+            out["columns"] = list(v.columns) if v.columns is not None else None
+            out["rows"] = _json_rows(v.rows) if v.rows is not None else None
+            out["truncated"] = bool(v.truncated)
+        if req.db_id is not None:
+            out["db_id"] = req.db_id
+        out["usage"] = {"prompt_tokens": n_tokens, "generation_seconds": round(gen_s, 4)}
+        return out
+
+    def _execute_all(self, db_path: Path, sqls: list[str], max_rows: int):
+        from sqlrl.executor import ExecLimits, default_executor
+
+        executor = default_executor(ExecLimits(timeout_s=self.config.exec_timeout_s))
+        return [executor.execute(db_path, sql, stop_after=max_rows) for sql in sqls]
+
+    async def parse_body(self, request) -> GenerateRequest:
+        limit = self.config.max_body_bytes
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limit:
+            raise HTTPError(413, f"request body is {declared} bytes, over the server's limit "
+                                 f"of {limit}")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HTTPError(413, f"request body is over the server's limit of {limit} "
+                                     f"bytes")
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        if not body.strip():
+            raise HTTPError(400, 'empty request body: send a JSON object such as '
+                                 '{"question": "...", "db_id": "..."}')
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise HTTPError(400, f"request body is not valid UTF-8 (byte {exc.start}: "
+                                 f"{exc.reason})") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise HTTPError(400, f"request body is not valid JSON: {exc}") from None
+        except RecursionError:
+            raise HTTPError(400, "request body is nested too deeply") from None
+        if not isinstance(data, dict):
+            raise HTTPError(422, f"request body must be a JSON object, got "
+                                 f"{type(data).__name__}")
+        try:
+            return GenerateRequest.model_validate(data)
+        except ValidationError as exc:
+            raise HTTPError(422, _validation_message(exc)) from None
+
+    # ------------------------------------------------------------------ info
+    def health(self) -> dict:
+        b = self.backend
+        return {"status": "ok" if b is not None else "loading",
+                "model_loaded": b is not None,
+                "backend": getattr(b, "name", None),
+                "model": self.config.model,
+                "uptime_s": round(time.time() - self.started, 1),
+                "load_seconds": self.load_seconds,
+                "prompt": {"schema_format": self.settings.schema_format,
+                           "sample_rows": self.settings.sample_rows,
+                           "mark_schema_mentions": self.settings.mark_schema_mentions},
+                "spider": {"databases": len(self.prompts.schemas),
+                           "error": self.prompts.spider_error or None},
+                "requests": dict(self.counts),
+                **(b.info() if b is not None else {})}
+
+
+def create_app(config: ServeConfig | None = None, *, backend=None,
+               prompt_settings: PromptSettings | None = None, **overrides):
+    """The FastAPI app. The model is loaded at startup (lifespan), not here.
+
+    `backend` injects a ready backend (tests: a BatchingBackend around any Generator);
+    `overrides` are ServeConfig fields (`create_app(model="models/sft", max_batch_size=4)`).
+    """
+    config = config or ServeConfig()
+    if overrides:
+        unknown = set(overrides) - set(ServeConfig.field_names())
+        if unknown:
+            raise TypeError(f"unknown ServeConfig field(s): {', '.join(sorted(unknown))}")
+        config = ServeConfig(**{**asdict(config), **overrides})
+    service = Service(config, backend, prompt_settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        await service.start()
+        try:
+            yield
+        finally:
+            await service.close()
+
+    app = FastAPI(title="sqlrl text-to-SQL", version="1", lifespan=lifespan,
+                  summary="Text-to-SQL with a model fine-tuned on Spider")
+    app.state.service = service
+
+    @app.exception_handler(HTTPError)
+    async def _http_error(request: Request, exc: HTTPError):
+        service.counts[str(exc.status)] += 1
+        return JSONResponse({"detail": exc.message}, status_code=exc.status)
+
+    @app.post("/generate", openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": GenerateRequest.model_json_schema()}}}})
+    async def generate(request: Request):
+        """SQL for a question about a schema (schema_str, db_id or ddl); see the README."""
+        req = await service.parse_body(request)
+        result = await service.generate(req)
+        service.counts["200"] += 1
+        return result
+
+    @app.get("/health")
+    async def health():
+        return service.health()
+
+    @app.get("/v1/models")
+    async def models():
+        name = Path(config.model).name or config.model
+        return {"object": "list", "data": [{
+            "id": name, "object": "model", "owned_by": "sqlrl", "root": config.model,
+            "backend": getattr(service.backend, "name", None),
+            "max_new_tokens_limit": config.max_new_tokens_limit}]}
+
+    @app.get("/databases")
+    async def databases():
+        return {"spider_dir": config.spider_dir, "databases": service.prompts.databases()}
+
+    return app

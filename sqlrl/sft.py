@@ -1,0 +1,203 @@
+"""Supervised fine-tuning: TRL SFTTrainer on the prepared prompt/completion rows.
+
+- Completion-only loss (TRL's prompt/completion format) through the model's chat template.
+  TRL computes the output layer only at completion positions (its fused LM head).
+- LoRA through PEFT (`sft.use_lora`; rank, alpha, dropout, target modules from params), merged
+  into the weights with `merge_and_unload`, or full fine-tuning (the CPU profile: LoRA on random
+  weights does not learn). Either way the output is a plain model folder.
+- bf16 and gradient checkpointing are set explicitly from params (TRL's defaults, both on, are
+  wrong for a CPU).
+- Curves (loss, learning rate, tokens/s) go to dvclive/sft/plots/metrics through DVCLive,
+  which must not rewrite dvc.yaml (dvcyaml=False) nor make DVC experiments.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from sqlrl.modeling import load_model_and_tokenizer, n_parameters
+from sqlrl.params import SftParams
+
+DVCLIVE_DIR = "dvclive/sft"
+_SUMMARY_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second",
+                 "total_flos", "train_loss")
+
+
+def load_sft_dataset(path: str | Path):
+    """The prepared rows as a datasets.Dataset of conversational prompt/completion pairs."""
+    from datasets import load_dataset
+
+    ds = load_dataset("json", data_files=str(path), split="train")
+    return ds.select_columns(["prompt", "completion"])
+
+
+def _throughput_callback():
+    from transformers import TrainerCallback
+
+    class Throughput(TrainerCallback):
+        """Adds tokens/s (since the previous log) to each log; drops the end-of-run summary,
+        which is not a curve (it goes to metrics/sft.json)."""
+
+        def __init__(self):
+            self.last_time = None
+            self.last_tokens = 0
+            self.last_log: dict = {}
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.last_time = time.perf_counter()
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs is None:
+                return
+            for key in _SUMMARY_KEYS:
+                logs.pop(key, None)
+            now = time.perf_counter()
+            tokens = logs.get("num_tokens")
+            if tokens is not None and now > self.last_time:
+                logs["tokens_per_second"] = (tokens - self.last_tokens) / (now - self.last_time)
+                self.last_tokens, self.last_time = tokens, now
+            if "loss" in logs:
+                self.last_log = dict(logs)
+
+    return Throughput()
+
+
+def _trainer_class():
+    import torch
+    import torch.nn.functional as F
+    from trl import SFTTrainer
+
+    class CompletionLogitsSFTTrainer(SFTTrainer):
+        """SFTTrainer whose loss runs the output layer only at completion positions.
+
+        The backbone runs on the whole sequence; the (vocab-sized) output layer only on the
+        positions whose next-token label is not -100. On a CPU this is several times faster
+        than TRL's tiled fused head, and the loss is the same token-mean cross-entropy.
+        """
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            mode = "train" if model.training else "eval"
+            base = model.get_base_model() if hasattr(model, "get_base_model") else model
+            backbone = getattr(base, base.base_model_prefix)
+            kwargs = {k: inputs[k] for k in ("attention_mask", "position_ids") if k in inputs}
+            labels = inputs["labels"][:, 1:]
+            mask = labels != -100
+            targets = labels[mask]
+            # the backbone is called directly, so the mixed precision accelerate puts around
+            # model.forward must be applied here
+            device = inputs["input_ids"].device.type
+            autocast = (torch.autocast(device_type=device, dtype=torch.bfloat16)
+                        if self.args.bf16 else self.accelerator.autocast())
+            with autocast:
+                hidden = backbone(input_ids=inputs["input_ids"], use_cache=False,
+                                  **kwargs).last_hidden_state[:, :-1]
+                logits = base.get_output_embeddings()(hidden[mask])
+            logits = logits.float()
+            loss_sum = F.cross_entropy(logits, targets, reduction="sum")
+            n = num_items_in_batch if num_items_in_batch is not None else mask.sum()
+            loss = loss_sum / torch.as_tensor(n, device=loss_sum.device).clamp(min=1)
+            with torch.no_grad():
+                correct = (logits.argmax(-1) == targets).sum().item()
+                self._metrics[mode]["mean_token_accuracy"].append(
+                    correct / max(int(targets.numel()), 1))
+                if mode == "train":
+                    self._total_train_tokens += int(
+                        inputs["attention_mask"].sum().item() if "attention_mask" in inputs
+                        else inputs["input_ids"].numel())
+                self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
+            if return_outputs:
+                return loss, {"logits": logits}
+            return loss
+
+    return CompletionLogitsSFTTrainer
+
+
+def sft_config(params: SftParams, seed: int, output_dir: str, **overrides):
+    import torch
+    from trl import SFTConfig
+
+    kwargs = dict(
+        output_dir=output_dir, num_train_epochs=params.epochs,
+        learning_rate=params.learning_rate, per_device_train_batch_size=params.batch_size,
+        gradient_accumulation_steps=params.grad_accum, max_length=params.max_length,
+        bf16=params.bf16, fp16=False, gradient_checkpointing=params.gradient_checkpointing,
+        lr_scheduler_type=params.lr_scheduler, warmup_steps=params.warmup_ratio,
+        weight_decay=params.weight_decay,
+        completion_only_loss=True, packing=False,
+        train_sampling_strategy="group_by_length" if params.group_by_length else "random",
+        logging_steps=params.logging_steps, logging_first_step=True,
+        save_strategy="no", eval_strategy="no", report_to="none",
+        seed=seed, data_seed=seed, dataloader_num_workers=0, dataloader_pin_memory=False,
+        dataset_num_proc=None, disable_tqdm=True, use_cpu=not torch.cuda.is_available(),
+    )
+    kwargs.update(overrides)
+    return SFTConfig(**kwargs)
+
+
+def lora_config(params: SftParams):
+    from peft import LoraConfig
+
+    lora = params.lora
+    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                      target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
+
+
+def train_sft(params: SftParams, seed: int, base_dir: str | Path, data_path: str | Path,
+              out_dir: str | Path, dvclive_dir: str | None = DVCLIVE_DIR,
+              **config_overrides) -> dict:
+    """Fine-tune models/base on sft.jsonl, save the merged model to out_dir, return metrics."""
+    import torch
+    from transformers import set_seed
+    from transformers.integrations import DVCLiveCallback
+    set_seed(seed)
+    SFTTrainer = _trainer_class()
+    model, tokenizer = load_model_and_tokenizer(base_dir,
+                                                attn_implementation=params.attn_implementation)
+    model.config.use_cache = False
+    dataset = load_sft_dataset(data_path)
+    callbacks = [_throughput_callback()]
+    if dvclive_dir:
+        from dvclive import Live
+        shutil.rmtree(dvclive_dir, ignore_errors=True)
+        callbacks.append(DVCLiveCallback(live=Live(dvclive_dir, dvcyaml=False,
+                                                   save_dvc_exp=False)))
+    with tempfile.TemporaryDirectory(prefix="sft-") as tmp:
+        args = sft_config(params, seed, tmp, **config_overrides)
+        trainer = SFTTrainer(model=model, args=args, train_dataset=dataset,
+                             processing_class=tokenizer, callbacks=callbacks,
+                             peft_config=lora_config(params) if params.use_lora else None)
+        start = time.perf_counter()
+        result = trainer.train()
+        wall = time.perf_counter() - start
+        tokens = trainer._total_train_tokens if hasattr(trainer, "_total_train_tokens") else None
+    trained = trainer.model
+    if params.use_lora:
+        trained = trained.merge_and_unload()
+    trained.config.use_cache = True
+    out_dir = Path(out_dir)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    trained.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    last = callbacks[0].last_log
+    metrics = {
+        "final_loss": last.get("loss"),
+        "mean_loss": result.training_loss,
+        "final_token_accuracy": last.get("mean_token_accuracy"),
+        "steps": result.global_step,
+        "epochs": trainer.state.epoch,
+        "examples": len(dataset),
+        "wall_seconds": round(wall, 1),
+        "train_tokens": tokens,
+        "tokens_per_second": round(tokens / wall, 1) if tokens else None,
+        "n_params": n_parameters(trained),
+        "use_lora": params.use_lora,
+        "torch_threads": torch.get_num_threads(),
+    }
+    return metrics
+
+
+def write_json(path: str | Path, data: dict) -> None:
+    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

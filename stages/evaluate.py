@@ -1,0 +1,62 @@
+"""DVC stage `evaluate@<name>`: models/<name> on the dev (and held-out) split ->
+metrics/eval_<name>.json, data/predictions/<name>.jsonl and data/predictions/<name>_heldout.jsonl.
+
+    python -m stages.evaluate sft
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from sqlrl.evaluate import evaluate_model, write_jsonl  # noqa: E402
+from sqlrl.metrics import write_metrics  # noqa: E402
+from sqlrl.modeling import BaseModelError  # noqa: E402
+from sqlrl.params import ParamsError, load_params  # noqa: E402
+from sqlrl.paths import REPO_ROOT  # noqa: E402
+
+SPLITS = {"dev": "data/prepared/dev.jsonl", "heldout": "data/prepared/heldout.jsonl"}
+
+
+def main(argv: list[str], root: Path = REPO_ROOT) -> int:
+    """Evaluate models/<argv[0]> under `root` (the repo root; tests pass a copy)."""
+    if len(argv) != 1 or not argv[0] or "/" in argv[0]:
+        print("usage: python -m stages.evaluate NAME   (evaluates models/NAME)", file=sys.stderr)
+        return 2
+    name, root = argv[0], Path(root)
+    model_dir = root / "models" / name
+    if not model_dir.is_dir():
+        print(f"evaluate: {model_dir} does not exist (run `dvc repro {name}` first)",
+              file=sys.stderr)
+        return 1
+    try:
+        params = load_params(root / "params.yaml")
+        splits = {split: root / path for split, path in SPLITS.items()}
+        metrics, predictions = evaluate_model(model_dir, params.eval, params.seed, splits)
+    except (ParamsError, BaseModelError, FileNotFoundError) as exc:
+        print(f"evaluate: {exc}", file=sys.stderr)
+        return 1
+    out = root / "data" / "predictions"
+    write_jsonl(out / f"{name}.jsonl", predictions["dev"])
+    write_jsonl(out / f"{name}_heldout.jsonl", predictions.get("heldout", []))
+    write_metrics(root / "metrics" / f"eval_{name}.json", metrics)
+    line = (f"evaluate@{name}: dev EX {_pct(metrics['ex'])} EM {_pct(metrics['em'])} "
+            f"on {metrics['n']} ({metrics['skipped']} skipped), "
+            f"{metrics['examples_per_second']} examples/s")
+    if "heldout" in metrics:
+        held = metrics["heldout"]
+        line += f"; held-out EX {_pct(held['ex'])} EM {_pct(held['em'])} on {held['n']}"
+    print(line)
+    return 0
+
+
+def _pct(value) -> str:
+    return "n/a" if value is None else f"{100 * value:.1f}%"
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,32 @@
+"""DVC stage `sft`: models/base + data/prepared/sft.jsonl -> models/sft, metrics/sft.json,
+and the training curves in dvclive/sft/plots/metrics."""
+from __future__ import annotations
+
+import os
+import sys
+
+os.environ.setdefault("DVC_NO_ANALYTICS", "1")
+os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
+
+from sqlrl.metrics import write_metrics  # noqa: E402
+from sqlrl.modeling import BaseModelError  # noqa: E402
+from sqlrl.params import ParamsError, load_params  # noqa: E402
+from sqlrl.sft import train_sft  # noqa: E402
+
+
+def main() -> int:
+    try:
+        params = load_params()
+        metrics = train_sft(params.sft, params.seed, "models/base", "data/prepared/sft.jsonl",
+                            "models/sft")
+    except (ParamsError, BaseModelError) as exc:
+        print(f"sft: {exc}", file=sys.stderr)
+        return 1
+    write_metrics("metrics/sft.json", metrics)
+    print(f"sft: {metrics['steps']} steps, final loss {metrics['final_loss']}, "
+          f"{metrics['wall_seconds']} s, {metrics['tokens_per_second']} tokens/s -> models/sft")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Schema-grounding augmentation: consistent renames in schema, SQL and question."""
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+
+import pytest
+
+from sqlrl.augment import (Augmenter, UnsafeRename, mark_question, name_pools, rename_question,
+                           rename_schema, rename_sql, schema_mentions, shuffle_schema)
+from sqlrl.params import load_params
+from sqlrl.prepare import prepare
+from sqlrl.spider import Column, Schema, Table, load_schemas
+
+SCHEMA = Schema("d", (Table("head", (Column("head_ID", "number", True), Column("name", "text", False),
+                                     Column("born_state", "text", False), Column("age", "number", False))),
+                      Table("management", (Column("head_ID", "number", False),
+                                           Column("department_ID", "number", False)))), ())
+
+
+def test_rename_sql_keeps_style_and_renames_every_identifier():
+    sql = ("SELECT T1.name ,  count(*) FROM head AS T1 JOIN management AS T2 ON T1.head_ID  =  "
+           "T2.head_ID WHERE T1.born_state = 'head' GROUP BY T1.name")
+    mapping = {"head": "boss", "head_id": "boss_key", "name": "label"}
+    out = rename_sql(sql, mapping)
+    assert out == ("SELECT T1.label ,  count(*) FROM boss AS T1 JOIN management AS T2 ON "
+                   "T1.boss_key  =  T2.boss_key WHERE T1.born_state = 'head' GROUP BY T1.label")
+
+
+def test_rename_sql_refuses_what_it_cannot_rename_safely():
+    with pytest.raises(UnsafeRename):
+        rename_sql("SELECT count(*) AS name FROM head ORDER BY name", {"name": "label"})
+    with pytest.raises(UnsafeRename):
+        rename_sql('SELECT age FROM head WHERE name = "age"', {"age": "years"})
+    with pytest.raises(UnsafeRename):
+        rename_sql("SELEC age FROM (", {"age": "years"})
+
+
+def test_question_mentions_follow_the_renames():
+    q, n = rename_question("List the name and born state of heads older than 56.",
+                           {"head": "boss", "born_state": "home_region", "name": "label"})
+    assert q == "List the label and home region of boss older than 56."
+    assert n == 3
+
+
+def test_schema_rename_and_shuffle_keep_the_content():
+    renamed = rename_schema(SCHEMA, {"head_id": "boss_key"})
+    assert [c.name for c in renamed.tables[1].columns] == ["boss_key", "department_ID"]
+    shuffled = shuffle_schema(SCHEMA, random.Random(1))
+    assert sorted(t.name for t in shuffled.tables) == ["head", "management"]
+    assert {(t.name, c.name) for t in shuffled.tables for c in t.columns} == \
+        {(t.name, c.name) for t in SCHEMA.tables for c in t.columns}
+
+
+def test_augmenter_is_deterministic_and_consistent(spider_dir):
+    schemas = load_schemas(spider_dir / "tables.json")
+    schema = schemas["department_management"]
+    pools = name_pools(schemas.values())
+    sql = "SELECT name , born_state , age FROM head ORDER BY age"
+    question = "List the name, born state and age of the heads of departments ordered by age."
+    a = Augmenter(True, 1.0, pools, seed=3).augment(schema, question, sql, "0:0")
+    b = Augmenter(True, 1.0, pools, seed=3).augment(schema, question, sql, "0:0")
+    assert a == b
+    new_schema, new_q, new_sql = a
+    names = {t.name.lower() for t in new_schema.tables} | \
+        {c.name.lower() for t in new_schema.tables for c in t.columns}
+    for word in new_sql.replace(",", " ").split():
+        if word.upper() not in ("SELECT", "FROM", "ORDER", "BY"):
+            assert word.lower() in names, (word, new_sql)
+    assert "head" not in new_sql.split()
+
+
+def test_schema_mentions_are_marked():
+    assert schema_mentions("Names of heads born in state X", SCHEMA) == ["head", "head.name"]
+    marked = mark_question("How old is the born state?", SCHEMA)
+    assert marked.endswith("Schema mentions: head.born_state.")
+
+
+def test_prepare_adds_augmented_copies_to_sft_only(tmp_path, spider_dir):
+    root = tmp_path
+    out = root / "data" / "raw" / "spider"
+    (out / "database").mkdir(parents=True)
+    db = "department_management"
+    (out / "tables.json").write_text(json.dumps(
+        [t for t in json.loads((spider_dir / "tables.json").read_text()) if t["db_id"] == db]))
+    for name in ("train_spider.json", "dev.json"):
+        items = [e for e in json.loads((spider_dir / name).read_text()) if e["db_id"] == db]
+        (out / name).write_text(json.dumps(items))
+    (out / "database" / db).mkdir()
+    (out / "database" / db / f"{db}.sqlite").write_bytes(
+        (spider_dir / "database" / db / f"{db}.sqlite").read_bytes())
+    base = load_params().prepare
+    params = dataclasses.replace(
+        base, heldout_fraction=0.0, mark_schema_mentions=False,
+        augment=dataclasses.replace(base.augment, copies=2, shuffle_schema=True, rename_prob=0.5))
+    metrics = prepare(params, 42, root)
+    read = lambda n: [json.loads(l) for l in open(root / "data/prepared" / n)]  # noqa: E731
+    sft, grpo = read("sft.jsonl"), read("grpo.jsonl")
+    assert len(sft) == 3 * len(grpo)
+    assert [r["prompt"] for r in sft[:len(grpo)]] == [r["prompt"] for r in grpo]
+    assert metrics["augment"]["copies"] == 2 and metrics["augment"]["renamed"] > 0

@@ -1,0 +1,231 @@
+"""Evaluation (sqlrl/evaluate.py, stages/evaluate.py) on real Spider dev rows.
+
+The model is replaced by fake backends that answer with chosen SQL, so every verdict is known
+in advance; one test runs the real stage on a tiny model.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from types import SimpleNamespace
+
+import pytest
+
+from sqlrl.evaluate import evaluate_model, evaluate_split, read_jsonl, vote
+from sqlrl.metrics import read_metrics
+from sqlrl.params import EvalParams
+from sqlrl.paths import REPO_ROOT
+from tests.test_generate import tiny  # noqa: F401  (the tiny-model fixture)
+
+GOLD_COUNT = "SELECT count(*) FROM singer"
+# dev rows 0-9 (concert_singer) -> (what the fake model says, ex, em, status)
+ANSWERS = {
+    0: ("```sql\nSELECT count(*) FROM singer;\n```", 1, 1, "ok"),       # fenced gold
+    1: ("SELECT count(Singer_ID) FROM singer", 1, 0, "ok"),              # same result, other SQL
+    2: (None, 1, 1, "ok"),                                               # gold as is
+    3: ("SELECT name, country, age FROM singer ORDER BY age ASC", 0, 0, "ok"),  # wrong order
+    4: ("I do not know.", 0, 0, "error"),                                # garbage
+    5: (None, 1, 1, "ok"),
+    6: ("SELECT nope FROM singer", 0, 0, "error"),                       # no such column
+    7: ("SQL: {gold};", 1, 1, "ok"),                                     # labelled gold
+    8: ("SELECT DISTINCT country FROM singer WHERE age > 40", 0, 1, "ok"),  # EM ignores values
+    9: (None, 1, 1, "ok"),
+}
+ABSENT = 2  # wta_1 rows (database absent from this copy of Spider)
+
+
+def _render(messages):
+    return messages[-1]["content"]
+
+
+@pytest.fixture(scope="module")
+def dev_rows(prepared_dir):
+    rows = read_jsonl(prepared_dir / "dev.jsonl")
+    absent = [r for r in rows if r["db_id"] == "wta_1"][:ABSENT]
+    assert len(absent) == ABSENT and all(r["prompt"] is None for r in absent)
+    # interleave an absent row to check that order and skipping survive
+    return rows[:5] + [absent[0]] + rows[5:10] + [absent[1]]
+
+
+def _answer_for(row, i):
+    text = ANSWERS[i][0]
+    return row["gold"] if text is None else text.replace("{gold}", row["gold"])
+
+
+class FakeModel:
+    """Answers each prompt from a table; records what it was asked."""
+
+    def __init__(self, answers: dict[str, str]):
+        self.answers = answers
+        self.calls = []
+
+    def generate(self, prompts):
+        self.calls.append(list(prompts))
+        return [self.answers[p] for p in prompts]
+
+
+def _fake_for(rows):
+    answers, k = {}, 0
+    for row in rows:
+        if row["prompt"] is not None:
+            answers[_render(row["prompt"])] = _answer_for(row, k)
+            k += 1
+    return FakeModel(answers)
+
+
+def test_evaluate_split_end_to_end_with_known_answers(dev_rows, spider_dir):
+    from sqlrl.spider_eval import hardness
+
+    fake = _fake_for(dev_rows)
+    metrics, preds = evaluate_split(dev_rows, fake, _render, spider_dir=spider_dir, workers=1)
+
+    # absent databases: not generated for, skipped, never scored
+    assert len(fake.calls) == 1 and len(fake.calls[0]) == 10
+    assert all("wta_1" not in p for p in fake.calls[0])
+    assert [p["question"] for p in preds] == [r["question"] for r in dev_rows]
+    skipped = [p for p in preds if p["status"] == "skipped"]
+    assert [p["db_id"] for p in skipped] == ["wta_1"] * ABSENT
+    assert all(p["ex"] is None and p["em"] is None and p["pred"] is None for p in skipped)
+    assert skipped[0]["error"] == "database absent: data/raw/spider/database/wta_1/wta_1.sqlite"
+
+    tables = {t["db_id"]: t for t in json.loads((spider_dir / "tables.json").read_text())}
+    scored = [p for p in preds if p["status"] != "skipped"]
+    for i, p in enumerate(scored):
+        _, ex, em, status = ANSWERS[i]
+        assert (p["ex"], p["em"], p["status"]) == (ex, em, status), (i, p)
+        assert p["hardness"] == hardness(p["gold"], tables[p["db_id"]])
+        assert {"question", "db_id", "gold", "pred", "ex", "em", "hardness", "status",
+                "error", "output"} <= set(p)
+    assert scored[0]["pred"] == GOLD_COUNT  # extracted from the fenced answer
+    assert scored[4]["error"] and scored[6]["error"]
+
+    assert metrics["n"] == 10 and metrics["skipped"] == ABSENT
+    assert metrics["ex"] == pytest.approx(0.6) and metrics["em"] == pytest.approx(0.6)
+    assert metrics["executable"] == pytest.approx(0.8)
+    assert metrics["num_samples"] == 1
+    assert metrics["generation_seconds"] >= 0 and "examples_per_second" in metrics
+    by = metrics["by_hardness"]
+    for level in ("easy", "medium", "hard", "extra"):
+        mine = [p for p in scored if p["hardness"] == level]
+        if mine:
+            assert by[level]["n"] == len(mine)
+            assert by[level]["ex"] == pytest.approx(sum(p["ex"] for p in mine) / len(mine))
+            assert by[level]["em"] == pytest.approx(sum(p["em"] for p in mine) / len(mine))
+    assert sum(metrics["errors"].values()) >= 2
+
+
+class FakeSampler:
+    def __init__(self, samples: dict[str, list[str]]):
+        self.samples = samples
+        self.calls = []
+
+    def generate(self, prompts):
+        raise AssertionError("self-consistency must sample, not decode greedily")
+
+    def sample(self, prompts, n, temperature, seed):
+        self.calls.append((list(prompts), n, temperature, seed))
+        return [self.samples[p][:n] for p in prompts]
+
+
+def test_self_consistency_votes_by_execution_result(dev_rows, spider_dir):
+    rows = [dev_rows[0], dev_rows[2], dev_rows[5], dev_rows[4]]  # count, order, absent, avg
+    samples = {
+        # 6 singers: three candidates agree (6), one says 9, one fails -> the first "6" wins;
+        # the sixth candidate is beyond num_samples
+        _render(rows[0]["prompt"]): ["SELECT count(*) FROM stadium", "oops", GOLD_COUNT,
+                                     "SELECT count(*) FROM concert", "SELECT 6", "SELECT 9"],
+        # the majority is wrong (a filter that drops singers): voting picks it
+        _render(rows[1]["prompt"]): [rows[1]["gold"]] + [
+            "SELECT name, country, age FROM singer WHERE age > 30"] * 2 + ["x", "y", "z"],
+        # nothing runs: the first candidate is kept, with no votes
+        _render(rows[3]["prompt"]): ["bad one", "worse", "x", "y", "z", "w"],
+    }
+    sampler = FakeSampler(samples)
+    metrics, preds = evaluate_split(rows, sampler, _render, num_samples=5, temperature=0.7,
+                                    seed=3, spider_dir=spider_dir, workers=1)
+    (call,) = sampler.calls
+    assert call[1:] == (5, 0.7, 3) and len(call[0]) == 3
+    assert [p["pred"] for p in preds] == [GOLD_COUNT, samples[call[0][1]][1], None, "bad one"]
+    assert [p["votes"] for p in preds if p["status"] != "skipped"] == [3, 2, 0]
+    assert [p["ex"] for p in preds] == [1, 0, None, 0]
+    assert [p["status"] for p in preds] == ["ok", "ok", "skipped", "error"]
+    assert (metrics["n"], metrics["skipped"], metrics["num_samples"]) == (3, 1, 5)
+
+
+def test_vote_picks_the_largest_group_and_the_first_on_ties():
+    ok = lambda rows: SimpleNamespace(status="ok", rows=rows)  # noqa: E731
+    bad = SimpleNamespace(status="error", rows=None)
+    assert vote([ok(((1,),)), ok(((2,),)), ok(((2,),)), bad]) == (1, 2)
+    assert vote([bad, ok(((1,), (2,))), ok(((2,), (1,)))]) == (1, 2)  # row order ignored
+    assert vote([ok(((1, "a"),)), ok((("a", 1.0),)), ok(((2, "b"),))]) == (0, 2)  # columns too
+    assert vote([ok(((1,),)), ok(((2,),))]) == (0, 1)                # tie: first group
+    assert vote([bad, bad]) == (0, 0)
+
+
+def test_evaluate_model_heldout_split_and_empty_splits(dev_rows, prepared_dir, spider_dir,
+                                                      tmp_path):
+    heldout = read_jsonl(prepared_dir / "heldout.jsonl")[:3]
+    assert len(heldout) == 3
+    (tmp_path / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dev_rows))
+    (tmp_path / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in heldout))
+    (tmp_path / "empty.jsonl").write_text("")
+    fake = _fake_for(dev_rows)
+    fake.answers.update({_render(r["prompt"]): r["gold"] for r in heldout})
+    params = EvalParams(batch_size=4, max_new_tokens=8, use_vllm=False, num_samples=1,
+                        temperature=0.8)
+    metrics, preds = evaluate_model("models/x", params, 0, {"dev": tmp_path / "dev.jsonl",
+                                                          "heldout": tmp_path / "heldout.jsonl"},
+                                    generator=fake, render=_render, spider_dir=spider_dir)
+    assert metrics["ex"] == pytest.approx(0.6) and metrics["n"] == 10
+    assert metrics["heldout"]["ex"] == 1.0 and metrics["heldout"]["n"] == len(heldout)
+    assert [p["pred"] for p in preds["heldout"]] == [r["gold"] for r in heldout]
+
+    metrics, preds = evaluate_model("models/x", params, 0, {"dev": tmp_path / "dev.jsonl",
+                                                          "heldout": tmp_path / "empty.jsonl"},
+                                    generator=fake, render=_render, spider_dir=spider_dir)
+    assert "heldout" not in metrics and preds["heldout"] == []
+
+
+def test_stage_writes_metrics_and_predictions_with_a_tiny_model(tiny, prepared_dir,  # noqa: F811
+                                                                 tmp_path, capsys):
+    from stages.evaluate import main
+
+    _, _, model_path = tiny
+    rows = read_jsonl(prepared_dir / "dev.jsonl")
+    dev = rows[:3] + [r for r in rows if r["db_id"] == "wta_1"][:1]
+    prepared = tmp_path / "data" / "prepared"
+    prepared.mkdir(parents=True)
+    (prepared / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dev))
+    (prepared / "heldout.jsonl").write_text("")
+    shutil.copytree(model_path, tmp_path / "models" / "tiny")
+    params = (REPO_ROOT / "params.yaml").read_text().replace("max_new_tokens: 128",
+                                                              "max_new_tokens: 6")
+    (tmp_path / "params.yaml").write_text(params)
+
+    assert main(["tiny"], root=tmp_path) == 0
+    metrics = read_metrics(tmp_path / "metrics" / "eval_tiny.json")
+    assert (metrics["n"], metrics["skipped"]) == (3, 1)
+    assert 0.0 <= metrics["ex"] <= 1.0 and metrics["examples_per_second"] > 0
+    assert metrics["generated_tokens"] <= 3 * 6
+    assert "heldout" not in metrics
+    lines = (tmp_path / "data" / "predictions" / "tiny.jsonl").read_text().splitlines()
+    assert [json.loads(x)["question"] for x in lines] == [r["question"] for r in dev]
+    assert (tmp_path / "data" / "predictions" / "tiny_heldout.jsonl").read_text() == ""
+    assert "evaluate@tiny: dev EX" in capsys.readouterr().out
+    assert main(["missing"], root=tmp_path) == 1
+
+
+def test_only_absent_databases_loads_no_model(dev_rows, spider_dir, tmp_path):
+    absent = [r for r in dev_rows if r["prompt"] is None]
+    (tmp_path / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in absent))
+    params = EvalParams(batch_size=4, max_new_tokens=8, use_vllm=False, num_samples=1,
+                        temperature=0.8)
+    metrics, preds = evaluate_model(tmp_path / "no-such-model", params, 0,
+                                    {"dev": tmp_path / "dev.jsonl",
+                                     "heldout": tmp_path / "missing.jsonl"},
+                                    spider_dir=spider_dir)
+    assert (metrics["n"], metrics["skipped"], metrics["ex"]) == (0, ABSENT, None)
+    assert metrics["executable"] is None and "heldout" not in metrics
+    assert [p["status"] for p in preds["dev"]] == ["skipped"] * ABSENT and preds["heldout"] == []
+    with pytest.raises(FileNotFoundError):
+        evaluate_model(tmp_path / "no-such-model", params, 0, {"dev": tmp_path / "nope.jsonl"})

@@ -1,0 +1,137 @@
+"""GRPO: prompt selection, reward wiring on a tiny model, the metrics, and the merge."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from sqlrl.executor import SQLExecutor
+from sqlrl.grpo import select_prompts, summarize_log, StepTimer, train_grpo
+from sqlrl.merge import merge_adapter
+from sqlrl.modeling import build_scratch_model, to_transformers_tokenizer, train_tokenizer
+from sqlrl.params import ArchitectureParams, compose_params, params_from_dict
+from sqlrl.paths import relative_to_root
+from sqlrl.prompts import build_messages, compact_schema
+from sqlrl.rewards import make_rewards
+from sqlrl.spider import database_path, load_examples, load_schemas
+
+ARCH = ArchitectureParams(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2,
+                          max_position_embeddings=512, vocab_size=400)
+
+
+@pytest.fixture(scope="module")
+def rows(spider_dir):
+    """GRPO rows (prompt, gold_sql, db_path) for real train questions, as prepare writes them."""
+    schemas = load_schemas(spider_dir / "tables.json")
+    examples = load_examples(spider_dir / "train_spider.json", schemas)[:16]
+    return [{"prompt": build_messages(compact_schema(schemas[e.db_id]), e.question, "SQL only."),
+             "gold_sql": e.query, "db_id": e.db_id,
+             "db_path": relative_to_root(database_path(spider_dir, e.db_id))} for e in examples]
+
+
+@pytest.fixture(scope="module")
+def tiny_sft(rows, tmp_path_factory):
+    """A tiny Qwen2 model + ChatML tokenizer standing in for models/sft."""
+    texts = [m["content"] for r in rows for m in r["prompt"]] + [r["gold_sql"] for r in rows]
+    tokenizer = to_transformers_tokenizer(train_tokenizer(texts, ARCH.vocab_size))
+    model = build_scratch_model(ARCH, tokenizer, seed=0)
+    path = tmp_path_factory.mktemp("sft")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _grpo_params(**changes):
+    base = params_from_dict(compose_params("smoke")).grpo
+    return dataclasses.replace(base, **changes)
+
+
+def test_empty_gold_results_are_dropped_and_counted(rows):
+    empty = dict(rows[0], gold_sql="SELECT * FROM head WHERE age > 10000")
+    broken = dict(rows[1], gold_sql="SELECT nothing FROM nowhere")
+    kept, stats = select_prompts([empty, broken, *rows[2:6]], _grpo_params(), 0, SQLExecutor())
+    assert (stats.candidates, stats.dropped_empty_gold, stats.dropped_gold_error) == (6, 1, 1)
+    assert stats.kept == len(kept) == 4 and empty not in kept and broken not in kept
+
+
+def test_pass_rate_filter_keeps_prompts_solved_sometimes_but_not_always(rows):
+    params = _grpo_params(drop_empty_gold=False, pass_rate_filter=dataclasses.replace(
+        _grpo_params().pass_rate_filter, pool=4, min_rate=0.1, max_rate=0.9))
+    rates = {r["gold_sql"]: rate for r, rate in zip(rows, [0.0, 0.5, 1.0, 0.25, 0.75])}
+    kept, stats = select_prompts(rows[:5], params, 0, SQLExecutor(),
+                                 lambda pool: [rates[r["gold_sql"]] for r in pool])
+    assert stats.pass_rate_pool == 4
+    assert all(0.1 <= rates[r["gold_sql"]] <= 0.9 for r in kept)
+    assert stats.kept == len(kept) == 4 - stats.dropped_always_solved - stats.dropped_never_solved
+
+
+def test_selection_that_keeps_nothing_says_so(rows):
+    params = _grpo_params(pass_rate_filter=dataclasses.replace(
+        _grpo_params().pass_rate_filter, pool=3))
+    with pytest.raises(ValueError, match="kept no prompt"):
+        select_prompts(rows[:3], params, 0, SQLExecutor(), lambda pool: [1.0] * len(pool))
+
+
+def test_reward_wiring_on_a_tiny_model(rows, tiny_sft, tmp_path):
+    """TRL calls our reward with the dataset's columns; rewards are logged and summarised."""
+    execution_reward, syntax_reward = make_rewards(workers=1, backend="thread")
+    seen = []
+
+    def recording_reward(completions, db_path, gold_sql, **kwargs):
+        seen.append((len(completions), list(db_path), list(gold_sql)))
+        return execution_reward(completions, db_path=db_path, gold_sql=gold_sql, **kwargs)
+    recording_reward.__name__ = "execution_reward"
+
+    params = _grpo_params(steps=2, batch_size=4, num_generations=2, max_completion_length=8,
+                          save_steps=100)
+    metrics = train_grpo(params, 0, tiny_sft, rows[:4], tmp_path / "adapter",
+                         [recording_reward, syntax_reward], checkpoint_dir=tmp_path / "ckpt",
+                         dvclive_dir=str(tmp_path / "dvclive"))
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    assert not (tmp_path / "adapter.tmp").exists()
+    assert seen and all(n == 4 for n, _, _ in seen)
+    known = {(r["db_path"], r["gold_sql"]) for r in rows[:4]}
+    assert all(set(zip(paths, golds)) <= known for _, paths, golds in seen)
+    assert metrics["steps"] == 2 and metrics["logged_steps"] == 2
+    assert 0.0 <= metrics["final_mean_reward"] <= metrics["peak_reward"] <= 1.0
+    assert 0.0 <= metrics["mean_frac_reward_zero_std"] <= 1.0
+    assert metrics["seconds_per_step"]["reward"] > 0
+    reward_curve = tmp_path / "dvclive" / "plots" / "metrics" / "reward.tsv"
+    assert len(reward_curve.read_text().splitlines()) == 3  # header + one row per step
+
+
+def test_summary_of_a_log_history():
+    history = [{"reward": r, "loss": 0.1 * i, "frac_reward_zero_std": 0.5,
+                "completions/mean_length": 10.0} for i, r in enumerate([0.0] * 10 + [1.0] * 10)]
+    timer = StepTimer()
+    summary = summarize_log(history, timer, steps=20, wall_s=40.0)
+    assert (summary["first_mean_reward"], summary["final_mean_reward"]) == (0.0, 1.0)
+    assert summary["peak_reward"] == 1.0 and summary["final_loss"] == pytest.approx(1.9)
+    assert summary["seconds_per_step"]["total"] == 2.0
+    json.dumps(summary, allow_nan=False)
+
+
+def test_merged_model_matches_base_plus_adapter(tiny_sft, tmp_path):
+    from peft import LoraConfig, PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_sft)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                        init_lora_weights=False, task_type="CAUSAL_LM")
+    get_peft_model(model, config).save_pretrained(tmp_path / "adapter")
+    merge_adapter(tiny_sft, tmp_path / "adapter", tmp_path / "final")
+
+    assert not (tmp_path / "final" / "adapter_config.json").exists()
+    assert (tmp_path / "final" / "model.safetensors").is_file()
+    assert (tmp_path / "final" / "tokenizer_config.json").is_file()
+    ids = torch.tensor([[1, 5, 9, 42, 7, 3]])
+    with torch.no_grad():
+        adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_sft),
+                                            tmp_path / "adapter")(ids).logits
+        merged = AutoModelForCausalLM.from_pretrained(tmp_path / "final")(ids).logits
+        plain = AutoModelForCausalLM.from_pretrained(tiny_sft)(ids).logits
+    assert torch.allclose(merged, adapted, atol=1e-4)
+    assert not torch.allclose(merged, plain, atol=1e-4)  # the adapter really changed something

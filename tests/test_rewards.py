@@ -1,0 +1,184 @@
+"""The GRPO execution reward: right answers score 1, anything else 0, absent databases None."""
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from sqlrl.executor import ExecLimits
+from sqlrl.paths import REPO_ROOT
+from sqlrl.rewards import execution_reward, make_execution_reward, make_rewards, syntax_reward
+
+GOLD = "SELECT name FROM singer WHERE age > 40"
+SLOW = "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < {n}) " \
+       "SELECT count(*) FROM r"
+
+
+@pytest.fixture(scope="module")
+def relative_db(spider_dir) -> str:
+    """concert_singer as the dataset column holds it: relative to the repo root."""
+    path = spider_dir / "database" / "concert_singer" / "concert_singer.sqlite"
+    return path.relative_to(REPO_ROOT).as_posix()
+
+
+@pytest.fixture
+def private_db(spider_dir, tmp_path) -> Path:
+    folder = tmp_path / "db"
+    folder.mkdir()
+    target = folder / "concert_singer.sqlite"
+    shutil.copyfile(spider_dir / "database" / "concert_singer" / "concert_singer.sqlite", target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def rewards():
+    """Inline (workers=1) reward functions with a short time limit."""
+    execution, syntax = make_rewards(ExecLimits(timeout_s=0.5), workers=1)
+    yield execution, syntax
+    execution.pool.close()
+
+
+def test_names_are_what_trl_logs():
+    assert execution_reward.__name__ == "execution_reward"
+    assert syntax_reward.__name__ == "syntax_reward"
+    assert make_execution_reward(workers=1).__name__ == "execution_reward"
+
+
+def test_right_results_score_one_and_wrong_ones_zero(rewards, relative_db):
+    execution, _ = rewards
+    completions = [
+        "```sql\nSELECT name FROM singer WHERE age > 40;\n```",
+        "SELECT name FROM singer WHERE age >= 41",                       # other SQL, same rows
+        "SQL: SELECT name FROM singer WHERE age > 30",                   # more rows
+        [{"role": "assistant", "content": "SELECT Name FROM singer WHERE 40 < age"}],
+        "SELECT name, age FROM singer WHERE age > 40",                   # extra column
+        "I cannot answer that.",
+    ]
+    scores = execution(completions, db_path=[relative_db] * 6, gold_sql=[GOLD] * 6)
+    assert scores == [1.0, 1.0, 0.0, 1.0, 0.0, 0.0]
+
+
+def test_an_absent_database_is_not_scored(rewards, spider_dir, tmp_path):
+    execution, syntax = rewards
+    absent = str(spider_dir / "database" / "wta_1" / "wta_1.sqlite")
+    completions = ["SELECT count(*) FROM players"] * 2
+    assert execution(completions, db_path=[absent] * 2, gold_sql=[GOLD] * 2) == [None, None]
+    assert syntax(completions, db_path=[absent] * 2, gold_sql=[GOLD] * 2) == [None, None]
+    assert execution.stats["skipped"] >= 2
+    assert not Path(absent).exists()
+
+
+BAD_COMPLETIONS = [
+    "", "   ", "garbage ~~ !!", "The answer is 42.", "DELETE FROM singer",
+    "UPDATE singer SET age = 0", "DROP TABLE singer", "SELECT 1; DROP TABLE singer",
+    "SELECT name FROM singer WHERE age > 40; DELETE FROM singer",
+    "ATTACH 'evil.db' AS evil", "PRAGMA query_only = 0", "PRAGMA writable_schema = 1",
+    "VACUUM INTO 'copy.db'", "SELECT load_extension('evil')", "SELECT name\x00 FROM singer",
+    "SELECT " + "1 + " * 300_000 + "1", "SELECT " + "(" * 3_000 + "1" + ")" * 3_000,
+    SLOW.format(n="1e18"), "SELECT zeroblob(2e9)", "```sql\nCREATE TABLE t (x int)\n```",
+]
+
+
+def test_bad_completions_score_zero_quickly_and_change_nothing(rewards, private_db, tmp_path,
+                                                               monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    execution, _ = rewards
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.rglob("*")
+              if p.is_file()}
+    n = len(BAD_COMPLETIONS)
+    start = time.monotonic()
+    scores = execution(BAD_COMPLETIONS, db_path=[str(private_db)] * n, gold_sql=[GOLD] * n)
+    assert scores == [0.0] * n
+    assert time.monotonic() - start < 10.0  # one 0.5 s timeout, everything else immediate
+    after = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.rglob("*")
+             if p.is_file()}
+    assert after == before
+
+
+def test_a_prediction_that_streams_forever_scores_zero_without_waiting(relative_db):
+    execution = make_execution_reward(ExecLimits(timeout_s=30.0), workers=1)
+    endless = "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) SELECT i FROM r"
+    start = time.monotonic()
+    assert execution([endless], db_path=[relative_db], gold_sql=[GOLD]) == [0.0]
+    assert time.monotonic() - start < 5.0  # it has more rows than the gold result: stop there
+
+
+def test_the_syntax_reward_pays_for_sql_that_executes(rewards, relative_db):
+    _, syntax = rewards
+    completions = [GOLD, "SELECT count(*) FROM singer", "SELEC name", "DROP TABLE singer", ""]
+    assert syntax(completions, db_path=[relative_db] * 5, gold_sql=[GOLD] * 5) == \
+        [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert syntax(completions[:2], db_path=[relative_db] * 2) == [1.0, 1.0]  # no gold needed
+
+
+@pytest.mark.parametrize("call", [
+    lambda f, db: f(["SELECT 1"] * 3, db_path=[db] * 2, gold_sql=[GOLD] * 3),
+    lambda f, db: f([None, 3, {"content": None}], db_path=[db] * 3, gold_sql=[GOLD] * 3),
+    lambda f, db: f(["SELECT 1"], db_path=[None], gold_sql=[None]),
+    lambda f, db: f(["SELECT 1"], db_path=[["not", "a", "path"]], gold_sql=[GOLD]),
+])
+def test_unusable_batches_never_raise(rewards, relative_db, call):
+    execution, syntax = rewards
+    for fn in (execution, syntax):
+        scores = call(fn, relative_db)
+        assert all(s == 0.0 for s in scores)
+    assert execution(None, db_path=None, gold_sql=None) == []
+
+
+def test_trl_keyword_arguments_are_accepted_and_metrics_logged(rewards, relative_db):
+    execution, _ = rewards
+    logged = {}
+    scores = execution(prompts=["q"] * 2, completions=[GOLD, "SELEC"], completion_ids=[[1], [2]],
+                       db_path=[relative_db] * 2, gold_sql=[GOLD] * 2, trainer_state=None,
+                       log_extra=lambda *a: None, log_metric=logged.__setitem__)
+    assert scores == [1.0, 0.0]
+    assert logged["execution/error_frac"] == 0.5 and logged["execution/timeout_frac"] == 0.0
+
+
+def test_identical_items_in_a_batch_run_once(relative_db):
+    execution = make_execution_reward(ExecLimits(timeout_s=5.0), workers=1)
+    slow = SLOW.format(n=2_000_000)
+    start = time.monotonic()
+    execution([slow], db_path=[relative_db], gold_sql=[slow + " "])
+    one = time.monotonic() - start
+    start = time.monotonic()
+    scores = execution([slow] * 40, db_path=[relative_db] * 40, gold_sql=[slow] * 40)
+    assert scores == [1.0] * 40
+    assert time.monotonic() - start < max(3.0, 10 * one)
+
+
+@pytest.mark.parametrize("backend", ["process", "thread"])
+def test_parallel_scoring_agrees_with_inline_scoring(relative_db, spider_dir, backend):
+    world = (spider_dir / "database" / "world_1" / "world_1.sqlite").relative_to(REPO_ROOT)
+    batch = []
+    for i in range(40):
+        batch.append((f"SELECT name FROM singer WHERE age > {i}", relative_db, GOLD))
+        batch.append((f"SELECT count(*) FROM country WHERE population > {i * 1000}",
+                      str(world), "SELECT count(*) FROM country WHERE population > 5000"))
+    batch.append((SLOW.format(n="1e18"), relative_db, GOLD))
+    completions, paths, golds = map(list, zip(*batch))
+    inline = make_execution_reward(ExecLimits(timeout_s=0.5), workers=1)
+    parallel = make_execution_reward(ExecLimits(timeout_s=0.5), workers=2, backend=backend)
+    try:
+        expected = inline(completions, db_path=paths, gold_sql=golds)
+        assert 0 < expected.count(1.0) < len(expected) - 1 and expected[-1] == 0.0
+        assert parallel(completions, db_path=paths, gold_sql=golds) == expected
+        assert parallel(completions, db_path=paths, gold_sql=golds) == expected  # warm pool
+    finally:
+        parallel.pool.close()
+
+
+def test_a_failing_worker_pool_does_not_fail_the_batch(relative_db, monkeypatch):
+    import sqlrl.rewards as rewards_module
+
+    def broken_worker(chunk):
+        raise RuntimeError("worker died")
+
+    monkeypatch.setattr(rewards_module, "_judge_chunk", broken_worker)
+    execution = make_execution_reward(workers=2, backend="thread")
+    completions = [f"SELECT name FROM singer WHERE age > {i}" for i in range(35, 75)]
+    scores = execution(completions, db_path=relative_db, gold_sql=GOLD)
+    assert scores == [1.0 if 32 <= i < 41 else 0.0 for i in range(35, 75)]
+

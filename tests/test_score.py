@@ -1,0 +1,118 @@
+"""The scorer: the official evaluator's interface, our report, skipped databases counted."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sqlrl.paths import REPO_ROOT
+from sqlrl.score import main, read_gold, score_predictions
+
+
+@pytest.fixture(scope="module")
+def dev_gold(spider_dir):
+    return read_gold(spider_dir / "dev_gold.sql")
+
+
+@pytest.fixture(scope="module")
+def gold_vs_gold(spider_dir, dev_gold):
+    """All 1034 dev gold queries scored against themselves, and the seconds it took."""
+    start = time.monotonic()
+    report = score_predictions(dev_gold, [sql for sql, _ in dev_gold], spider_dir / "database",
+                               spider_dir / "tables.json", workers=2, progress=False)
+    return report, time.monotonic() - start
+
+
+def test_gold_against_itself_scores_one_on_every_present_database(gold_vs_gold):
+    report, _ = gold_vs_gold
+    assert report["total"] == 1034
+    assert report["skipped"] == 62          # wta_1 is absent from this copy of Spider
+    assert report["n"] == 972
+    assert report["ex"] == 1.0
+    assert report["errors"] == {"error": 0, "timeout": 0}
+    items = report["items"]
+    assert len(items) == 1034 and [it["index"] for it in items] == list(range(1034))
+    assert all(it["ex"] == 1 and it["status"] == "ok" for it in items if it["db_id"] != "wta_1")
+    assert all(it["ex"] is None and it["em"] is None and it["status"] == "skipped"
+               for it in items if it["db_id"] == "wta_1")
+
+
+def test_gold_against_itself_is_an_exact_match_with_spider_hardness(gold_vs_gold):
+    report, _ = gold_vs_gold
+    assert report["em"] == 1.0
+    levels = report["by_hardness"]
+    assert sum(levels[h]["n"] for h in ("easy", "medium", "hard", "extra")) == 972
+    assert sum(levels[h]["n"] + levels[h]["skipped"] for h in levels) == 1034
+    # Spider dev's published hardness split (all 1034 questions)
+    assert {h: levels[h]["n"] + levels[h]["skipped"] for h in levels} == \
+        {"easy": 248, "medium": 446, "hard": 174, "extra": 166}
+    assert all(levels[h]["ex"] == 1.0 and levels[h]["em"] == 1.0 for h in levels)
+
+
+def test_scoring_all_dev_takes_seconds(gold_vs_gold):
+    _, seconds = gold_vs_gold
+    assert seconds < 30
+
+
+def test_wrong_and_broken_predictions_are_counted(spider_dir, dev_gold):
+    gold = dev_gold[:6] + [g for g in dev_gold if g[1] == "wta_1"][:1]
+    preds = [sql for sql, _ in gold]
+    preds[0] = "SELECT count(*) FROM singer WHERE age > 100"     # runs, wrong result
+    preds[1] = "SELEC count(*) FROM singer"                      # syntax error
+    preds[2] = "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) " \
+               "SELECT count(*) FROM r"                          # never ends
+    preds[3] = ""                                                # nothing generated
+    from sqlrl.executor import ExecLimits
+    report = score_predictions(gold, preds, spider_dir / "database", spider_dir / "tables.json",
+                               workers=1, limits=ExecLimits(timeout_s=0.5), progress=False)
+    statuses = [it["status"] for it in report["items"]]
+    assert statuses == ["ok", "error", "timeout", "error", "ok", "ok", "skipped"]
+    assert [it["ex"] for it in report["items"]] == [0, 0, 0, 0, 1, 1, None]
+    assert report["n"] == 6 and report["skipped"] == 1
+    assert report["ex"] == pytest.approx(2 / 6, abs=1e-6)
+    assert report["errors"] == {"error": 2, "timeout": 1}
+    assert "syntax error" in report["items"][1]["error"]
+    assert [it["em"] for it in report["items"]] == [0, 0, 0, 0, 1, 1, None]
+
+
+def write_files(tmp_path, gold_lines, pred_lines):
+    gold, pred = tmp_path / "gold.sql", tmp_path / "pred.sql"
+    gold.write_text("".join(line + "\n" for line in gold_lines))
+    pred.write_text("".join(line + "\n" for line in pred_lines))
+    return gold, pred
+
+
+def test_the_command_line_writes_the_report(spider_dir, tmp_path, capsys):
+    gold_lines = (spider_dir / "dev_gold.sql").read_text().splitlines()[:4]
+    gold, pred = write_files(tmp_path, gold_lines, [line.split("\t")[0] for line in gold_lines])
+    out = tmp_path / "out" / "report.json"
+    code = main(["--gold", str(gold), "--pred", str(pred), "--db", str(spider_dir / "database"),
+                 "--table", str(spider_dir / "tables.json"), "--out", str(out), "--workers", "1"])
+    assert code == 0
+    report = json.loads(out.read_text())
+    assert report["ex"] == 1.0 and report["n"] == 4 and len(report["items"]) == 4
+    assert "EX 100.00%" in capsys.readouterr().out
+
+
+def test_mismatched_line_counts_exit_2_naming_both_files(spider_dir, tmp_path):
+    gold_lines = (spider_dir / "dev_gold.sql").read_text().splitlines()[:3]
+    gold, pred = write_files(tmp_path, gold_lines, ["SELECT 1", "SELECT 2"])
+    out = tmp_path / "report.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "sqlrl.score", "--gold", str(gold), "--pred", str(pred),
+         "--db", str(spider_dir / "database"), "--table", str(spider_dir / "tables.json"),
+         "--out", str(out)], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert str(gold) in result.stderr and str(pred) in result.stderr
+    assert "3 gold" in result.stderr and "2 predictions" in result.stderr
+    assert not out.exists()
+
+
+def test_a_malformed_gold_file_exits_2(spider_dir, tmp_path):
+    gold, pred = write_files(tmp_path, ["SELECT 1 without a database id"], ["SELECT 1"])
+    code = main(["--gold", str(gold), "--pred", str(pred), "--db", str(spider_dir / "database"),
+                 "--table", str(spider_dir / "tables.json"), "--out", str(tmp_path / "r.json")])
+    assert code == 2

@@ -1,0 +1,82 @@
+"""SFT on a tiny scratch model: full fine-tuning and LoRA, both ending in a plain model."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from sqlrl.modeling import build_base
+from sqlrl.params import ArchitectureParams, load_params
+from sqlrl.sft import load_sft_dataset, train_sft
+
+ARCH = ArchitectureParams(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                          num_attention_heads=2, num_key_value_heads=1,
+                          max_position_embeddings=256, vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def base_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sft")
+    rows = [{"prompt": [{"role": "system", "content": "Answer with SQL."},
+                        {"role": "user", "content": f"Database schema:\nsinger | id, name\n\nQuestion: name of singer {i}?"}],
+             "completion": [{"role": "assistant", "content": f"SELECT name FROM singer WHERE id = {i}"}],
+             "db_id": "x"} for i in range(24)]
+    (root / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    base = dataclasses.replace(load_params().base, source="scratch", dtype="float32",
+                               architecture=ARCH)
+    build_base(base, 0, root / "sft.jsonl", root / "base")
+    return root
+
+
+def _params(**changes):
+    sft = dataclasses.replace(load_params().sft, epochs=1.0, batch_size=8, grad_accum=1,
+                              max_length=128, logging_steps=1, bf16=False,
+                              gradient_checkpointing=False, learning_rate=3e-3)
+    return dataclasses.replace(sft, **changes)
+
+
+def test_dataset_is_conversational_prompt_completion(base_dir):
+    ds = load_sft_dataset(base_dir / "sft.jsonl")
+    assert ds.column_names == ["prompt", "completion"]
+    assert ds[0]["completion"][0]["role"] == "assistant"
+
+
+def test_full_fine_tuning_writes_a_plain_model_metrics_and_curves(base_dir, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    monkeypatch.chdir(base_dir)
+    out = base_dir / "out_full"
+    metrics = train_sft(_params(use_lora=False), 0, base_dir / "base", base_dir / "sft.jsonl",
+                        out, dvclive_dir="dvclive/sft")
+    assert metrics["steps"] == 3 and metrics["epochs"] == 1.0
+    assert metrics["final_loss"] > 0 and metrics["tokens_per_second"] > 0
+    assert metrics["wall_seconds"] > 0
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.config.model_type == "qwen2"
+    plots = base_dir / "dvclive/sft/plots/metrics"
+    for name in ("loss", "learning_rate", "tokens_per_second"):
+        assert (plots / "train" / f"{name}.tsv").is_file() or (plots / f"{name}.tsv").is_file(), name
+    assert not (base_dir / "dvc.yaml").exists()  # DVCLive must not write a dvc.yaml
+    # seeded: the same run gives the same weights
+    again = train_sft(_params(use_lora=False), 0, base_dir / "base", base_dir / "sft.jsonl",
+                      base_dir / "out_again", dvclive_dir=None)
+    assert again["final_loss"] == metrics["final_loss"]
+    a = AutoModelForCausalLM.from_pretrained(base_dir / "out_again").state_dict()
+    b = model.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_lora_is_merged_into_a_plain_model(base_dir):
+    from transformers import AutoModelForCausalLM
+
+    out = base_dir / "out_lora"
+    params = _params(use_lora=True, lora=dataclasses.replace(
+        load_params().sft.lora, r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
+    metrics = train_sft(params, 0, base_dir / "base", base_dir / "sft.jsonl", out,
+                        dvclive_dir=None)
+    assert metrics["use_lora"] and metrics["steps"] == 3
+    assert not (out / "adapter_config.json").exists()
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert not any("lora" in k for k in model.state_dict())
