@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from sqlrl.paths import REPO_ROOT, SPIDER_DIR
-from tests.repo_tools import SMOKE_TARGET, run_cli, storage_url
+from tests.repo_tools import run_cli, storage_url
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
@@ -22,30 +22,35 @@ def spider_dir():
     return SPIDER_DIR
 
 
-@pytest.fixture(scope="session")
-def smoke_repo(tmp_path_factory):
-    """A git + DVC copy of this checkout's files (not its outputs), after a smoke run.
+def make_smoke_repo(repo):
+    """A git + DVC copy of this checkout's files (not its outputs) in `repo`, after a smoke run.
 
     Spider is pulled from the shared DVC remote like a newcomer would; the profile is chosen
     with `dvc exp run -S profile=smoke`, which composes params.yaml from conf/ through Hydra.
     """
-    repo = tmp_path_factory.mktemp("repo")
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO_ROOT,
                            capture_output=True, text=True, check=True).stdout.split()
     for name in files:
         if (REPO_ROOT / name).is_file():
             (repo / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO_ROOT / name, repo / name)
-    for generated in ("dvc.lock", "metrics", "data/predictions"):
+    for generated in ("dvc.lock", "metrics", "data/predictions", "dvclive"):
         shutil.rmtree(repo / generated, ignore_errors=True) if (repo / generated).is_dir() \
             else (repo / generated).unlink(missing_ok=True)
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     run_cli(["git", "init", "-q"], repo)
-    run_cli(["git", "-c", "user.name=t", "-c", "user.email=t@t", "add", "-A"], repo)
-    run_cli(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "copy"], repo)
+    run_cli(git + ["add", "-A"], repo)
+    run_cli(git + ["commit", "-qm", "copy"], repo)
     run_cli(["dvc", "remote", "modify", "--local", "storage", "url", storage_url()], repo)
     run_cli(["dvc", "pull", "-q", "data/raw/spider.dvc"], repo)
-    run_cli(["dvc", "exp", "run", "-S", "profile=smoke", SMOKE_TARGET], repo)
+    run_cli(["dvc", "exp", "run", "-S", "profile=smoke"], repo)  # the whole DAG
     return repo
+
+
+@pytest.fixture(scope="session")
+def smoke_repo(tmp_path_factory):
+    """The smoke profile's whole pipeline, run once for the end-to-end tests."""
+    return make_smoke_repo(tmp_path_factory.mktemp("repo"))
 
 
 @pytest.fixture(scope="session")

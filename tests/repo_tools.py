@@ -8,7 +8,6 @@ from pathlib import Path
 
 from sqlrl.paths import REPO_ROOT
 
-SMOKE_TARGET = "evaluate@sft"  # how far the end-to-end smoke run goes
 
 
 def run_cli(args: list[str], cwd: Path, env: dict | None = None) -> str:
@@ -23,7 +22,8 @@ def run_cli(args: list[str], cwd: Path, env: dict | None = None) -> str:
 
 
 def storage_url() -> str:
-    """The shared remote as an absolute path (its URL in .dvc/config is relative to .dvc/)."""
-    out = subprocess.run(["git", "config", "-f", ".dvc/config", 'remote.storage.url'],
-                         cwd=REPO_ROOT, capture_output=True, text=True, check=True).stdout
-    return str((REPO_ROOT / ".dvc" / out.strip()).resolve())
+    """The shared remote as an absolute path (DVC resolves its URL relative to .dvc/)."""
+    from dvc.repo import Repo
+
+    with Repo(str(REPO_ROOT)) as repo:
+        return repo.config["remote"]["storage"]["url"]

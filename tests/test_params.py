@@ -34,7 +34,14 @@ def test_reference_profile_is_the_qwen_gpu_run():
 def test_cpu_profile_sets_cpu_settings_explicitly():
     p = params_from_dict(compose_params("cpu"))
     assert p.base.source == "scratch" and not p.sft.use_lora
-    assert not (p.sft.bf16 or p.sft.gradient_checkpointing or p.grpo.use_vllm)
+    assert not (p.sft.gradient_checkpointing or p.grpo.use_vllm)
+    assert p.sft.bf16  # set explicitly: CPU autocast (AVX-512 bf16), measured faster
+    assert p.sft.attn_implementation == "eager"
+
+
+def test_schema_grounding_is_off_in_the_reference_profile():
+    p = params_from_dict(compose_params("qwen2.5-coder-3b"))
+    assert p.prepare.augment.copies == 0 and not p.prepare.mark_schema_mentions
     assert p.prepare.heldout_fraction == 0.1
 
 

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.repo_tools import SMOKE_TARGET as TARGET
 from tests.repo_tools import run_cli as _run
 
 pytestmark = pytest.mark.slow
@@ -28,7 +27,7 @@ def test_smoke_run_writes_sane_metrics(smoke_repo):
     assert 0 < prepared["train"]["sft"] <= 48
     sft = _metrics(smoke_repo, "sft")
     assert sft["steps"] > 0 and sft["final_loss"] > 0
-    for name in ("base", "sft"):
+    for name in ("base", "sft", "final"):
         report = _metrics(smoke_repo, f"eval_{name}")
         assert report["n"] + report["skipped"] == prepared["dev"]["examples"]
         assert 0.0 <= report["ex"] <= 1.0 and 0.0 <= report["em"] <= 1.0
@@ -41,7 +40,7 @@ def test_smoke_run_writes_sane_metrics(smoke_repo):
 
 
 def test_second_repro_does_nothing_and_params_rerun_only_their_stages(smoke_repo):
-    out = _run(["dvc", "repro", TARGET], smoke_repo)
+    out = _run(["dvc", "repro"], smoke_repo)
     assert "Running stage" not in out
     params_file = smoke_repo / "params.yaml"
     original = params_file.read_text()
@@ -49,8 +48,8 @@ def test_second_repro_does_nothing_and_params_rerun_only_their_stages(smoke_repo
         params = yaml.safe_load(original)
         params["eval"]["batch_size"] += 1
         params_file.write_text(yaml.safe_dump(params, sort_keys=False))
-        changed = json.loads(_run(["dvc", "status", "--json", TARGET], smoke_repo))
-        assert set(changed) == {"evaluate@sft"}
+        changed = json.loads(_run(["dvc", "status", "--json"], smoke_repo))
+        assert set(changed) == {"evaluate@base", "evaluate@sft", "evaluate@final"}
         params = yaml.safe_load(original)
         params["prepare"]["sample_rows"] = 1
         params["prepare"]["schema_format"] = "ddl"
@@ -59,3 +58,30 @@ def test_second_repro_does_nothing_and_params_rerun_only_their_stages(smoke_repo
         assert set(changed) == {"prepare"}
     finally:
         params_file.write_text(original)
+
+
+TIMING_KEYS = {"wall_seconds", "tokens_per_second", "generation_seconds", "examples_per_second",
+               "seconds_per_step", "train_runtime", "train_samples_per_second",
+               "train_steps_per_second"}
+
+
+def _without_timings(value):
+    """Metrics with wall-clock measurements removed: those differ run to run by nature."""
+    if isinstance(value, dict):
+        return {k: _without_timings(v) for k, v in value.items() if k not in TIMING_KEYS}
+    return value
+
+
+def test_a_second_run_from_scratch_gives_identical_metrics_and_predictions(smoke_repo,
+                                                                          tmp_path_factory):
+    from tests.conftest import make_smoke_repo
+
+    again = make_smoke_repo(tmp_path_factory.mktemp("repo_again"))
+    names = sorted(p.name for p in (smoke_repo / "metrics").glob("*.json"))
+    assert {"prepare.json", "sft.json", "grpo.json", "eval_final.json"} <= set(names)
+    for name in names:
+        first = json.loads((smoke_repo / "metrics" / name).read_text())
+        second = json.loads((again / "metrics" / name).read_text())
+        assert _without_timings(second) == _without_timings(first), name
+    for path in sorted((smoke_repo / "data" / "predictions").glob("*.jsonl")):
+        assert (again / "data" / "predictions" / path.name).read_text() == path.read_text()

@@ -262,6 +262,7 @@ class BackendOptions:
     seed: int = 0
     dtype: str | None = None
     device: str | None = None          # transformers: cuda when available, else cpu
+    torch_threads: int = 0             # transformers on CPU: torch threads (0: torch's default)
 
 
 def _context_length(config) -> int | None:
@@ -300,6 +301,8 @@ def _load_transformers(model_dir: str | Path, opts: BackendOptions):
     from sqlrl.generate import HFGenerator
     from sqlrl.modeling import load_model_and_tokenizer
 
+    if opts.torch_threads > 0:
+        torch.set_num_threads(opts.torch_threads)
     model, tokenizer = load_model_and_tokenizer(model_dir, dtype=opts.dtype)
     device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = model.to(device)

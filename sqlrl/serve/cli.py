@@ -39,9 +39,22 @@ def _type(field) -> type:
     return args[0] if args else hint
 
 
+def _bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {raw!r}")
+
+
+def _converter(kind: type):
+    return _bool if kind is bool else kind
+
+
 def _parse(kind: type, raw: str, name: str):
     try:
-        return kind(raw)
+        return _converter(kind)(raw)
     except ValueError:
         raise SystemExit(f"serve: {name}={raw!r} is not a valid {kind.__name__}") from None
 
@@ -66,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="info")
     env = config_from_env()
     for f in fields(ServeConfig):
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_type(f),
+        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_converter(_type(f)),
                             default=getattr(env, f.name),
                             help=_HELP.get(f.name, f.name.replace("_", " ")))
     return parser

@@ -16,7 +16,7 @@ import math
 import time
 import unicodedata
 from collections import Counter
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Optional
 
@@ -43,6 +43,7 @@ class ServeConfig:
     sample_rows: int | None = None         # override prepare.sample_rows
     system_prompt: str | None = None       # override prepare.system_prompt
     dtype: str | None = None
+    torch_threads: int = 0                 # CPU threads for torch (0: torch's default)
     # batching and deadlines
     max_batch_size: int = 8
     batch_wait_ms: float = 10.0
@@ -63,6 +64,7 @@ class ServeConfig:
     # execution
     exec_timeout_s: float = 5.0
     max_rows: int = 100                    # rows returned at most (a request may ask fewer)
+    warmup: bool = True                    # one short generation at startup (first call is slow)
 
     def backend_options(self) -> BackendOptions:
         return BackendOptions(backend=self.backend, vllm_engine=self.vllm_engine,
@@ -70,7 +72,7 @@ class ServeConfig:
                               batch_wait_s=self.batch_wait_ms / 1000.0,
                               max_queue=self.max_queue,
                               default_max_new_tokens=self.max_new_tokens, seed=self.seed,
-                              dtype=self.dtype)
+                              dtype=self.dtype, torch_threads=self.torch_threads)
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -168,8 +170,23 @@ class Service:
             self.backend = await asyncio.to_thread(make_backend, self.config.model,
                                                    self.config.backend_options())
             self.load_seconds = round(time.perf_counter() - t0, 3)
-        await self.backend.start()
+            await self.backend.start()
+            if self.config.warmup:
+                await self._warmup()
+        else:
+            await self.backend.start()
         log.info("serve: %s backend ready for %s", self.backend.name, self.config.model)
+
+    async def _warmup(self) -> None:
+        from sqlrl.prompts import build_messages, render_prompt
+
+        messages = build_messages("t | c", "warm up", self.settings.system_prompt)
+        prompt = render_prompt(self.backend.tokenizer, messages)
+        try:
+            await asyncio.wait_for(self.backend.complete(prompt, max_new_tokens=2),
+                                   self.config.request_timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a failed warm-up is not fatal; requests say more
+            log.warning("serve: warm-up generation failed: %s: %s", type(exc).__name__, exc)
 
     async def close(self) -> None:
         if self.backend is not None:

@@ -1,0 +1,56 @@
+"""Publishing: the dry run writes the model and its card; a push without a token says why."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from sqlrl.paths import REPO_ROOT
+from stages.publish import main
+
+
+@pytest.fixture
+def repo_with_final(tmp_path):
+    """A repo root (the cwd of stages) with params, the Spider pointer, eval metrics and a (tiny) models/final."""
+    for name in ("params.yaml", "data/raw/spider.dvc"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO_ROOT / name, tmp_path / name)
+    (tmp_path / "metrics").mkdir()
+    for name, ex in (("base", 0.0), ("sft", 0.1), ("final", 0.125)):
+        report = {"ex": ex, "em": ex / 2, "by_hardness": {"easy": {"ex": ex * 2}}}
+        (tmp_path / "metrics" / f"eval_{name}.json").write_text(json.dumps(report))
+    final = tmp_path / "models" / "final"
+    final.mkdir(parents=True)
+    (final / "config.json").write_text("{}")
+    (final / "model.safetensors").write_bytes(b"weights")
+    return tmp_path
+
+
+def test_dry_run_writes_folder_and_model_card(repo_with_final, monkeypatch, capsys):
+    monkeypatch.chdir(repo_with_final)
+    assert main(["--repo-id", "acme/sql-coder", "--dry-run", "--out", "out"]) == 0
+    out = repo_with_final / "out"
+    assert (out / "model.safetensors").read_bytes() == b"weights"
+    card = (out / "README.md").read_text()
+    assert card.startswith("---\nlicense: cc-by-sa-4.0")
+    assert "# acme/sql-coder" in card and "Spider 1.0" in card
+    assert "| GRPO (final) | 12.5 | 6.2 | 25.0 |" in card
+    assert "dry run" in capsys.readouterr().out
+
+
+def test_push_without_token_is_a_clear_error(repo_with_final, monkeypatch, capsys):
+    monkeypatch.chdir(repo_with_final)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    assert main(["--repo-id", "acme/sql-coder", "--out", "out"]) == 1
+    assert "set HF_TOKEN" in capsys.readouterr().err
+
+
+def test_missing_model_and_bad_repo_id(repo_with_final, monkeypatch, capsys):
+    monkeypatch.chdir(repo_with_final)
+    shutil.rmtree(repo_with_final / "models" / "final")
+    assert main(["--repo-id", "acme/x", "--dry-run"]) == 1
+    assert "dvc repro merge" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--repo-id", "not a repo id", "--dry-run"])
