@@ -45,7 +45,7 @@ class ServeConfig:
     dtype: str | None = None
     torch_threads: int = 0                 # CPU threads for torch (0: torch's default)
     # batching and deadlines
-    max_batch_size: int = 8
+    max_batch_size: int = 16
     batch_wait_ms: float = 10.0
     max_queue: int = 256
     request_timeout_s: float = 120.0

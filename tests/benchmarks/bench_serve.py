@@ -107,7 +107,7 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--execute", action="store_true")
     ap.add_argument("--max-new-tokens", type=int)
-    ap.add_argument("--max-batch-size", type=int, default=8)
+    ap.add_argument("--max-batch-size", type=int, default=16)
     ap.add_argument("--backend", default="auto")
     ap.add_argument("--torch-threads", type=int, default=0, help="0: torch's default")
     ap.add_argument("--timeout", type=float, default=600.0)
