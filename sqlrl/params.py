@@ -116,6 +116,7 @@ class SftParams:
     group_by_length: bool      # batches of similar length (less padding: faster on a CPU)
     attn_implementation: str   # "sdpa" | "eager" | "flash_attention_2"
     logging_steps: int
+    torch_threads: int         # CPU threads for torch; 0 = torch's default
 
     def __post_init__(self):
         if not 0.0 <= self.warmup_ratio < 1.0:

@@ -152,6 +152,8 @@ def train_sft(params: SftParams, seed: int, base_dir: str | Path, data_path: str
     import torch
     from transformers import set_seed
     from transformers.integrations import DVCLiveCallback
+    if params.torch_threads > 0:
+        torch.set_num_threads(params.torch_threads)
     set_seed(seed)
     SFTTrainer = _trainer_class()
     model, tokenizer = load_model_and_tokenizer(base_dir,

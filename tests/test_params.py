@@ -37,12 +37,12 @@ def test_cpu_profile_sets_cpu_settings_explicitly():
     assert not (p.sft.gradient_checkpointing or p.grpo.use_vllm)
     assert p.sft.bf16  # set explicitly: CPU autocast (AVX-512 bf16), measured faster
     assert p.sft.attn_implementation == "eager"
+    assert p.prepare.heldout_fraction == 0.1
 
 
 def test_schema_grounding_is_off_in_the_reference_profile():
     p = params_from_dict(compose_params("qwen2.5-coder-3b"))
     assert p.prepare.augment.copies == 0 and not p.prepare.mark_schema_mentions
-    assert p.prepare.heldout_fraction == 0.1
 
 
 def test_overrides_compose_like_dvc_exp_run_set_param():

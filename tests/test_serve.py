@@ -163,20 +163,16 @@ def test_ddl_prompt_equals_the_training_prompt():
     assert "FOREIGN KEY (Singer_ID) REFERENCES singer(Singer_ID)" in text
 
 
-def test_default_prompt_settings_come_from_params_yaml():
+def test_default_prompt_settings_come_from_params_yaml(prepared_dir):
     from sqlrl.evaluate import read_jsonl
     from sqlrl.params import load_params
-    from sqlrl.paths import REPO_ROOT
 
     prep = load_params().prepare
     settings = PromptSettings.from_params()
     assert (settings.schema_format, settings.sample_rows, settings.system_prompt) == (
         prep.schema_format, prep.sample_rows, prep.system_prompt)
     assert PromptSettings.from_params(schema_format="ddl").schema_format == "ddl"
-    dev = REPO_ROOT / "data/prepared/dev.jsonl"
-    if not dev.is_file():
-        pytest.skip("data/prepared/dev.jsonl is not built")
-    rows = [r for r in read_jsonl(dev)[:50] if r.get("prompt")]
+    rows = [r for r in read_jsonl(prepared_dir / "dev.jsonl")[:50] if r.get("prompt")]
     builder = PromptBuilder(settings, SPIDER_DIR)
     for row in rows[:5]:  # served prompts are the prompts the model was evaluated on
         assert builder.messages(row["question"], db_id=row["db_id"]) == row["prompt"]
