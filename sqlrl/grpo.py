@@ -120,23 +120,20 @@ class StepTimer:
         self.rollout_s = 0.0
 
     def wrap_reward(self, fn):
-        @functools.wraps(fn)
-        def timed(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.reward_s += time.perf_counter() - start
-        return timed
+        return self._timed(fn, "reward_s")
 
     def wrap_rollout(self, fn):
+        return self._timed(fn, "rollout_s")
+
+    def _timed(self, fn, counter: str):
+        """`fn`, adding its wall time to self.<counter> (name and doc kept: TRL logs by name)."""
         @functools.wraps(fn)
         def timed(*args, **kwargs):
             start = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                self.rollout_s += time.perf_counter() - start
+                setattr(self, counter, getattr(self, counter) + time.perf_counter() - start)
         return timed
 
 

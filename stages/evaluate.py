@@ -1,7 +1,10 @@
 """DVC stage `evaluate@<name>`: models/<name> on the dev (and held-out) split ->
 metrics/eval_<name>.json, data/predictions/<name>.jsonl and data/predictions/<name>_heldout.jsonl.
 
-    python -m stages.evaluate sft
+    python -m stages.evaluate sft [--baseline base]
+
+With --baseline, metrics/eval_<name>.json also gets `vs_<baseline>`: the paired bootstrap 95%
+interval of the EX difference against that model's predictions, per split.
 """
 from __future__ import annotations
 
@@ -13,7 +16,8 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from sqlrl.evaluate import evaluate_model, write_jsonl  # noqa: E402
+from sqlrl.compare import compare_predictions  # noqa: E402
+from sqlrl.evaluate import evaluate_model, read_jsonl, write_jsonl  # noqa: E402
 from sqlrl.metrics import write_metrics  # noqa: E402
 from sqlrl.modeling import BaseModelError  # noqa: E402
 from sqlrl.params import ParamsError, load_params  # noqa: E402
@@ -24,8 +28,12 @@ SPLITS = {"dev": "data/prepared/dev.jsonl", "heldout": "data/prepared/heldout.js
 
 def main(argv: list[str], root: Path = REPO_ROOT) -> int:
     """Evaluate models/<argv[0]> under `root` (the repo root; tests pass a copy)."""
-    if len(argv) != 1 or not argv[0] or "/" in argv[0]:
-        print("usage: python -m stages.evaluate NAME   (evaluates models/NAME)", file=sys.stderr)
+    baseline = None
+    if len(argv) == 3 and argv[1] == "--baseline":
+        argv, baseline = argv[:1], argv[2]
+    if len(argv) != 1 or not argv[0] or "/" in argv[0] or "/" in (baseline or ""):
+        print("usage: python -m stages.evaluate NAME [--baseline OTHER]   (evaluates "
+              "models/NAME, compared with OTHER's predictions)", file=sys.stderr)
         return 2
     name, root = argv[0], Path(root)
     model_dir = root / "models" / name
@@ -41,6 +49,12 @@ def main(argv: list[str], root: Path = REPO_ROOT) -> int:
         print(f"evaluate: {exc}", file=sys.stderr)
         return 1
     out = root / "data" / "predictions"
+    if baseline:
+        try:
+            metrics[f"vs_{baseline}"] = _compare(out, baseline, predictions, params.seed)
+        except (FileNotFoundError, ValueError) as exc:
+            print(f"evaluate: comparison with {baseline}: {exc}", file=sys.stderr)
+            return 1
     write_jsonl(out / f"{name}.jsonl", predictions["dev"])
     write_jsonl(out / f"{name}_heldout.jsonl", predictions.get("heldout", []))
     write_metrics(root / "metrics" / f"eval_{name}.json", metrics)
@@ -52,6 +66,18 @@ def main(argv: list[str], root: Path = REPO_ROOT) -> int:
         line += f"; held-out EX {_pct(held['ex'])} EM {_pct(held['em'])} on {held['n']}"
     print(line)
     return 0
+
+
+def _compare(pred_dir: Path, baseline: str, predictions: dict, seed: int) -> dict:
+    """Paired bootstrap of EX against the baseline's prediction files, per split."""
+    out = {}
+    for split, suffix in (("dev", ""), ("heldout", "_heldout")):
+        path = pred_dir / f"{baseline}{suffix}.jsonl"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing (run `dvc repro evaluate@{baseline}`)")
+        if predictions.get(split):
+            out[split] = compare_predictions(read_jsonl(path), predictions[split], seed)
+    return out
 
 
 def _pct(value) -> str:

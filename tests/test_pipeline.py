@@ -35,6 +35,8 @@ def test_smoke_run_writes_sane_metrics(smoke_repo):
                 (smoke_repo / "data" / "predictions" / f"{name}.jsonl").read_text().splitlines()]
         assert len(rows) == prepared["dev"]["examples"]
         assert {"question", "db_id", "gold", "pred", "ex", "em", "hardness", "status"} <= set(rows[0])
+    assert "ci95" in _metrics(smoke_repo, "eval_final")["vs_sft"]["dev"]
+    assert "ci95" in _metrics(smoke_repo, "eval_sft")["vs_base"]["dev"]
     from transformers import AutoModelForCausalLM
     assert AutoModelForCausalLM.from_pretrained(smoke_repo / "models" / "sft") is not None
 

@@ -1,0 +1,71 @@
+"""The pull-request report: tables, flipped questions and PNG plots against a baseline rev."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sqlrl.report import build_report, flipped_questions
+from tests.repo_tools import run_cli
+
+GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+
+
+def _write(root, name, data):
+    path = root / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if name.endswith(".jsonl"):
+        path.write_text("".join(json.dumps(r) + "\n" for r in data))
+    elif name.endswith(".tsv"):
+        path.write_text("step\tloss\n" + "".join(f"{i}\t{v}\n" for i, v in enumerate(data)))
+    else:
+        path.write_text(json.dumps(data) if not isinstance(data, str) else data)
+
+
+def _pred(question, ex, pred):
+    return {"question": question, "db_id": "d", "gold": "SELECT 1", "pred": pred, "ex": ex}
+
+
+@pytest.fixture
+def repo(tmp_path):
+    """A DVC repo with a baseline commit and a changed workspace."""
+    run_cli(["git", "init", "-q"], tmp_path)
+    run_cli(["dvc", "init", "-q"], tmp_path)
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n  ev:\n    cmd: 'true'\n    params: [eval]\n    metrics:\n"
+        "      - metrics/eval_sft.json:\n          cache: false\n")
+    _write(tmp_path, "params.yaml", "eval:\n  batch_size: 8\n")
+    _write(tmp_path, "metrics/eval_sft.json",
+           {"ex": 0.5, "em": 0.25, "n": 2, "by_hardness": {"easy": {"n": 2, "ex": 0.5, "em": 0.25}}})
+    _write(tmp_path, "data/predictions/sft.jsonl", [_pred("q1", 1, "A"), _pred("q2", 0, "B")])
+    _write(tmp_path, "dvclive/sft/plots/metrics/loss.tsv", [3.0, 2.0, 1.5])
+    run_cli(GIT + ["add", "-A"], tmp_path)
+    run_cli(GIT + ["commit", "-qm", "baseline"], tmp_path)
+    _write(tmp_path, "params.yaml", "eval:\n  batch_size: 16\n")
+    _write(tmp_path, "metrics/eval_sft.json",
+           {"ex": 1.0, "em": 0.5, "n": 2, "by_hardness": {"easy": {"n": 2, "ex": 1.0, "em": 0.5}}})
+    _write(tmp_path, "data/predictions/sft.jsonl", [_pred("q1", 1, "A"), _pred("q2", 1, "C")])
+    _write(tmp_path, "dvclive/sft/plots/metrics/loss.tsv", [3.0, 1.0, 0.5])
+    return tmp_path
+
+
+def test_report_shows_diffs_flips_and_plots(repo):
+    report = build_report("HEAD", repo / "report", root=repo)
+    text = report.read_text()
+    assert "| sft | dev | 1 | +0.5 | 0.5 | +0.25 | 2 |" in text
+    assert "`eval.batch_size` | 8 | 16 | +8 |" in text
+    assert "`ex` | 0.5 | 1 | +0.5 |" in text
+    assert "`sft`: 1 fixed, 0 broken" in text and "| 1 | fixed | q2 | `SELECT 1` | `B` | `C` |" in text
+    for png in ("sft_loss.png", "ex_by_hardness.png"):
+        assert (repo / "report" / png).read_bytes()[:4] == b"\x89PNG"
+        assert f"![{png}]({png})" in text
+
+
+def test_unknown_baseline_is_a_clear_error(repo):
+    with pytest.raises(ValueError, match="not a git revision"):
+        build_report("no-such-branch", repo / "report", root=repo)
+
+
+def test_flips_refuse_files_with_different_questions():
+    with pytest.raises(ValueError, match="dev set changed"):
+        flipped_questions([_pred("a", 1, "x")], [_pred("b", 1, "x")])
