@@ -1,6 +1,6 @@
 """Benchmark the execution reward on a GRPO-like batch, against a straightforward version.
 
-    .venv/bin/python benchmarks/bench_reward.py [--prompts 256] [--samples 8] [--workers N]
+    python tests/benchmarks/bench_reward.py [--prompts 256] [--samples 8] [--workers N]
 
 The batch: `prompts` train questions (databases present) x `samples` completions, mixing the
 gold query (as written, fenced, or with a trailing `;`), perturbed queries (LIMIT, ORDER BY
@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 
 from sqlrl.equality import normalize_sql, order_matters, results_match  # noqa: E402
 from sqlrl.executor import ExecLimits  # noqa: E402
