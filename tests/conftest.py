@@ -37,10 +37,12 @@ def make_smoke_repo(repo):
     for generated in ("dvc.lock", "metrics", "data/predictions", "dvclive"):
         shutil.rmtree(repo / generated, ignore_errors=True) if (repo / generated).is_dir() \
             else (repo / generated).unlink(missing_ok=True)
-    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
     run_cli(["git", "init", "-q"], repo)
-    run_cli(git + ["add", "-A"], repo)
-    run_cli(git + ["commit", "-qm", "copy"], repo)
+    # a repo-local identity: `dvc exp run` commits, and a fresh CI machine may have none
+    run_cli(["git", "config", "user.name", "sql-rl-pipeline tests"], repo)
+    run_cli(["git", "config", "user.email", "tests@sql-rl-pipeline.invalid"], repo)
+    run_cli(["git", "add", "-A"], repo)
+    run_cli(["git", "commit", "-qm", "copy"], repo)
     run_cli(["dvc", "remote", "modify", "--local", "storage", "url", storage_url()], repo)
     run_cli(["dvc", "pull", "-q", "data/raw/spider.dvc"], repo)
     run_cli(["dvc", "exp", "run", "-S", "profile=smoke"], repo)  # the whole DAG
