@@ -25,14 +25,16 @@ def s3_endpoint():
     server.start()
     host, port = server.get_host_and_port()
     url = f"http://{host}:{port}"
-    boto3.client("s3", endpoint_url=url, **_boto_credentials()).create_bucket(Bucket=BUCKET)
+    _s3_client(url).create_bucket(Bucket=BUCKET)
     yield url
     server.stop()
 
 
-def _boto_credentials() -> dict:
-    return {"aws_access_key_id": "testing", "aws_secret_access_key": "testing",
-            "region_name": "us-east-1"}
+def _s3_client(endpoint: str):
+    """boto3 for the test server, with the same credentials DVC gets from CREDENTIALS."""
+    return boto3.client("s3", endpoint_url=endpoint, region_name=CREDENTIALS["AWS_DEFAULT_REGION"],
+                        aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+                        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
 
 
 def _digests(repo: Path) -> dict[str, str]:
@@ -60,7 +62,7 @@ def _use_endpoint(repo: Path, endpoint: str) -> None:
 def test_push_and_pull_through_s3_restore_identical_files(smoke_repo, s3_endpoint, tmp_path):
     _use_endpoint(smoke_repo, s3_endpoint)
     run_cli(["dvc", "push", "-r", "s3", "--run-cache"], smoke_repo, env=CREDENTIALS)
-    listed = boto3.client("s3", endpoint_url=s3_endpoint, **_boto_credentials()).list_objects_v2(
+    listed = _s3_client(s3_endpoint).list_objects_v2(
         Bucket=BUCKET, Prefix="dvc/")
     assert listed["KeyCount"] > 0
 
