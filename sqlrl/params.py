@@ -117,6 +117,7 @@ class SftParams:
     attn_implementation: str   # "sdpa" | "eager" | "flash_attention_2"
     logging_steps: int
     torch_threads: int         # CPU threads for torch; 0 = torch's default
+    completion_only_loss: bool  # False: the prompt tokens are trained on too (schema + question)
 
     def __post_init__(self):
         if not 0.0 <= self.warmup_ratio < 1.0:
