@@ -80,3 +80,27 @@ def test_lora_is_merged_into_a_plain_model(base_dir):
     assert not (out / "adapter_config.json").exists()
     model = AutoModelForCausalLM.from_pretrained(out)
     assert not any("lora" in k for k in model.state_dict())
+
+
+def _prompt_nll(model_dir, base_dir):
+    """Mean negative log-likelihood of the prompt tokens (system + user turns)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    row = json.loads((base_dir / "sft.jsonl").read_text().splitlines()[0])
+    ids = tokenizer.apply_chat_template(row["prompt"], return_tensors="pt", return_dict=True)
+    with torch.no_grad():
+        return model(**ids, labels=ids["input_ids"]).loss.item()
+
+
+def test_prompt_loss_trains_on_the_prompt_tokens(base_dir):
+    """completion_only_loss=False: the model also learns the schema/question text."""
+    nll = {}
+    for only_completion in (True, False):
+        out = base_dir / f"out_prompt_loss_{only_completion}"
+        train_sft(_params(use_lora=False, epochs=4.0, learning_rate=2e-2,
+                          completion_only_loss=only_completion), 0,
+                  base_dir / "base", base_dir / "sft.jsonl", out, dvclive_dir=None)
+        nll[only_completion] = _prompt_nll(out, base_dir)
+    assert nll[False] < nll[True] - 0.5, nll
