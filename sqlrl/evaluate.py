@@ -8,6 +8,9 @@
   with status "skipped", ex/em null, counted in `skipped` (never scored as wrong).
 - The model text goes through the shared `extract_sql`, then the shared scorer
   (`sqlrl.score.score_predictions`: execution accuracy, exact match, hardness, verdicts).
+- Schema repair (`eval.schema_repair`, `sqlrl/schema_repair.py`): table and column names the
+  database lacks are mapped onto its own before scoring; the model's unrepaired SQL is kept
+  in the prediction row as `before_repair`, and `repaired` counts the changed predictions.
 - Self-consistency (`eval.num_samples` > 1): N completions sampled per question at
   `eval.temperature` (seeded), each executed read-only; the answer is a query from the largest
   group of candidates with the same result (ties: the group seen first), as in SQL-R1 and
@@ -81,16 +84,20 @@ def vote(verdicts) -> tuple[int, int]:
     return best[0], len(best)
 
 
-def self_consistency(samples: list[list[str]], db_paths: list[str],
-                     executor=None) -> tuple[list[str], list[int], list[str]]:
-    """(chosen SQL, votes, chosen raw text) per question from N sampled texts each."""
+def self_consistency(samples: list[list[str]], db_paths: list[str], executor=None,
+                     fix: Callable[[int, str], str] | None = None,
+                     ) -> tuple[list[str], list[int], list[str]]:
+    """(chosen SQL, votes, chosen raw text) per question from N sampled texts each.
+    `fix(question index, sql)` rewrites each candidate before it runs (schema repair)."""
     from sqlrl.executor import SQLExecutor
     from sqlrl.sql_extract import extract_sql
 
     executor = executor or SQLExecutor()
     chosen, votes, texts = [], [], []
-    for candidates, db_path in zip(samples, db_paths, strict=True):
+    for q, (candidates, db_path) in enumerate(zip(samples, db_paths, strict=True)):
         sqls = [extract_sql(text) for text in candidates]
+        if fix is not None:
+            sqls = [fix(q, sql) for sql in sqls]
         verdicts = [executor.execute(resolve(db_path), sql) for sql in sqls]
         index, count = vote(verdicts)
         chosen.append(sqls[index])
@@ -103,14 +110,16 @@ def self_consistency(samples: list[list[str]], db_paths: list[str],
 
 def evaluate_split(rows: list[dict], generator, render: Callable[[list[dict]], str], *,
                    num_samples: int = 1, temperature: float = 0.0, seed: int = 0,
-                   spider_dir: str | Path = SPIDER_DIR,
+                   spider_dir: str | Path = SPIDER_DIR, schema_repair: bool = False,
                    workers: int | None = None) -> tuple[dict, list[dict]]:
-    """Generate, extract, score one split: (metrics, prediction rows in the input order)."""
+    """Generate, extract, (repair,) score one split: (metrics, prediction rows in input order)."""
     from sqlrl.score import score_predictions
     from sqlrl.sql_extract import extract_sql
 
     todo = [i for i, row in enumerate(rows) if row.get("prompt") and row.get("db_present", True)]
     prompts = [render(rows[i]["prompt"]) for i in todo]
+    fix = _schema_repairer([rows[i] for i in todo], spider_dir) if schema_repair else None
+    unrepaired: list[str] = []
     tokens_before = getattr(generator, "generated_tokens", None)
     start = time.perf_counter()
     votes: list[int] | None = None
@@ -120,12 +129,17 @@ def evaluate_split(rows: list[dict], generator, render: Callable[[list[dict]], s
         samples = generator.sample(prompts, num_samples, temperature, seed)
         seconds = time.perf_counter() - start
         _check_count(samples, prompts)
-        sqls, votes, outputs = self_consistency(samples, [rows[i]["db_path"] for i in todo])
+        sqls, votes, outputs = self_consistency(samples, [rows[i]["db_path"] for i in todo],
+                                                fix=fix)
+        if fix is not None:
+            unrepaired = [extract_sql(text) for text in outputs]
     else:
         outputs = generator.generate(prompts)
         seconds = time.perf_counter() - start
         _check_count(outputs, prompts)
         sqls = [extract_sql(text) for text in outputs]
+        if fix is not None:
+            unrepaired, sqls = sqls, [fix(k, sql) for k, sql in enumerate(sqls)]
 
     preds = [""] * len(rows)
     texts: list[str | None] = [None] * len(rows)
@@ -157,6 +171,8 @@ def evaluate_split(rows: list[dict], generator, render: Callable[[list[dict]], s
         }
         if votes is not None and i in position:
             pred["votes"] = votes[position[i]]
+        if unrepaired and i in position and unrepaired[position[i]] != preds[i]:
+            pred["before_repair"] = unrepaired[position[i]]
         predictions.append(pred)
 
     scored = [p for p in predictions if p["status"] != "skipped"]
@@ -172,11 +188,22 @@ def evaluate_split(rows: list[dict], generator, render: Callable[[list[dict]], s
         "examples_per_second": round(len(prompts) / seconds, 3) if prompts and seconds else None,
         "num_samples": num_samples,
     }
+    if fix is not None:
+        metrics["repaired"] = sum("before_repair" in p for p in scored)
     if tokens_before is not None and seconds:
         tokens = generator.generated_tokens - tokens_before
         metrics["generated_tokens"] = tokens
         metrics["tokens_per_second"] = round(tokens / seconds, 1)
     return metrics, predictions
+
+
+def _schema_repairer(rows: list[dict], spider_dir: str | Path) -> Callable[[int, str], str]:
+    """fix(k, sql): schema repair of a prediction for rows[k] against its database's schema."""
+    from sqlrl.schema_repair import repair_sql
+    from sqlrl.spider import load_schemas
+
+    schemas = load_schemas(Path(spider_dir) / "tables.json")
+    return lambda k, sql: repair_sql(sql, schemas[rows[k]["db_id"]], rows[k]["question"])
 
 
 def _check_count(outputs: list, prompts: list[str]) -> None:
@@ -221,7 +248,8 @@ def evaluate_model(model_dir: str | Path, params, seed: int, splits: dict[str, s
             generator.desc = f"{Path(model_dir).name} {name}"
         split_metrics, predictions[name] = evaluate_split(
             rows, generator, render, num_samples=params.num_samples,
-            temperature=params.temperature, seed=seed, spider_dir=spider_dir, workers=workers)
+            temperature=params.temperature, seed=seed, spider_dir=spider_dir,
+            schema_repair=params.schema_repair, workers=workers)
         if name == PRIMARY_SPLIT:
             metrics.update(split_metrics)
         elif rows:

@@ -172,7 +172,7 @@ def test_evaluate_model_heldout_split_and_empty_splits(dev_rows, prepared_dir, s
     fake = _fake_for(dev_rows)
     fake.answers.update({_render(r["prompt"]): r["gold"] for r in heldout})
     params = EvalParams(batch_size=4, max_new_tokens=8, use_vllm=False, num_samples=1,
-                        temperature=0.8)
+                        temperature=0.8, schema_repair=False)
     metrics, preds = evaluate_model("models/x", params, 0, {"dev": tmp_path / "dev.jsonl",
                                                           "heldout": tmp_path / "heldout.jsonl"},
                                     generator=fake, render=_render, spider_dir=spider_dir)
@@ -219,7 +219,7 @@ def test_only_absent_databases_loads_no_model(dev_rows, spider_dir, tmp_path):
     absent = [r for r in dev_rows if r["prompt"] is None]
     (tmp_path / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in absent))
     params = EvalParams(batch_size=4, max_new_tokens=8, use_vllm=False, num_samples=1,
-                        temperature=0.8)
+                        temperature=0.8, schema_repair=False)
     metrics, preds = evaluate_model(tmp_path / "no-such-model", params, 0,
                                     {"dev": tmp_path / "dev.jsonl",
                                      "heldout": tmp_path / "missing.jsonl"},

@@ -149,7 +149,7 @@ def test_vllm_absent_falls_back_to_transformers(tiny, monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     assert not gen.vllm_available()
     params = EvalParams(batch_size=4, max_new_tokens=6, use_vllm=True, num_samples=1,
-                        temperature=0.8)
+                        temperature=0.8, schema_repair=False)
     generator, tokenizer = gen.make_generator(path, params, seed=1, progress=False)
     assert isinstance(generator, gen.HFGenerator) and isinstance(generator, gen.Generator)
     assert (generator.batch_size, generator.max_new_tokens) == (4, 6)
@@ -160,7 +160,7 @@ def test_vllm_path_with_a_stand_in_module(tiny, fake_vllm):
     _, tokenizer, path = tiny
     assert gen.vllm_available()
     params = EvalParams(batch_size=4, max_new_tokens=33, use_vllm=True, num_samples=1,
-                        temperature=0.8)
+                        temperature=0.8, schema_repair=False)
     generator, tok = gen.make_generator(path, params, seed=5)
     assert isinstance(generator, gen.VLLMGenerator) and isinstance(generator, gen.Generator)
     (llm,) = _FakeLLM.instances
@@ -182,6 +182,6 @@ def test_vllm_path_with_a_stand_in_module(tiny, fake_vllm):
 def test_vllm_not_used_when_the_profile_says_no(tiny, fake_vllm):
     _, _, path = tiny
     params = EvalParams(batch_size=2, max_new_tokens=4, use_vllm=False, num_samples=1,
-                        temperature=0.8)
+                        temperature=0.8, schema_repair=False)
     generator, _ = gen.make_generator(path, params, seed=0, progress=False)
     assert isinstance(generator, gen.HFGenerator) and not _FakeLLM.instances

@@ -171,6 +171,7 @@ def test_default_prompt_settings_come_from_params_yaml(prepared_dir):
     settings = PromptSettings.from_params()
     assert (settings.schema_format, settings.sample_rows, settings.system_prompt) == (
         prep.schema_format, prep.sample_rows, prep.system_prompt)
+    assert settings.schema_repair == load_params().eval.schema_repair
     assert PromptSettings.from_params(schema_format="ddl").schema_format == "ddl"
     rows = [r for r in read_jsonl(prepared_dir / "dev.jsonl")[:50] if r.get("prompt")]
     builder = PromptBuilder(settings, SPIDER_DIR)
@@ -303,7 +304,29 @@ def _scripted_app(trained, tokenizer, generator, **kw):
     backend = BatchingBackend(generator, tokenizer, name="scripted", model_path=str(trained),
                               max_batch_size=kw.pop("max_batch_size", 8),
                               max_queue=kw.pop("max_queue", 16))
-    return create_app(_config(trained, **kw), backend=backend, prompt_settings=SETTINGS)
+    settings = kw.pop("prompt_settings", SETTINGS)
+    return create_app(_config(trained, **kw), backend=backend, prompt_settings=settings)
+
+
+def test_schema_repair_maps_unknown_names_where_the_schema_is_known(trained, tokenizer):
+    """A model that writes another database's table: repaired for db_id and ddl requests."""
+    memorised = _ScriptedGenerator(text="SELECT count(*) FROM performance")
+    repair = PromptSettings("compact", 0, "You are a text-to-SQL assistant.",
+                            schema_repair=True)
+    with TestClient(_scripted_app(trained, tokenizer, memorised, prompt_settings=repair)) as c:
+        r = c.post("/generate", json={"question": Q, "db_id": "concert_singer",
+                                      "execute": True})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["sql"] == "SELECT COUNT(*) FROM singer" and body["rows"] == [[6]]
+        assert body["completion"] == "SELECT count(*) FROM performance"
+        r = c.post("/generate", json={"question": Q, "ddl": CONCERT_DDL})
+        assert r.json()["sql"] == "SELECT COUNT(*) FROM singer"
+        r = c.post("/generate", json={"question": Q, "schema_str": "singer | Name, Age"})
+        assert r.json()["sql"] == "SELECT count(*) FROM performance"  # free text: no names
+    with TestClient(_scripted_app(trained, tokenizer, memorised)) as c:  # repair off
+        r = c.post("/generate", json={"question": Q, "db_id": "concert_singer"})
+        assert r.json()["sql"] == "SELECT count(*) FROM performance"
 
 
 def test_a_hung_generation_times_out_with_504_and_a_failure_is_a_500(trained, tokenizer):

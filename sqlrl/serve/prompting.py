@@ -32,11 +32,13 @@ class InputError(ValueError):
 
 @dataclass(frozen=True)
 class PromptSettings:
-    """The prepare params that shape a prompt (read from params.yaml by default)."""
+    """The params that shape a prompt and its answer (read from params.yaml by default):
+    the prepare section, and eval.schema_repair."""
     schema_format: str
     sample_rows: int
     system_prompt: str
     mark_schema_mentions: bool = False
+    schema_repair: bool = False
 
     @classmethod
     def from_params(cls, params_file: str | Path | None = None, **overrides) -> "PromptSettings":
@@ -45,10 +47,12 @@ class PromptSettings:
 
         values = {k: v for k, v in overrides.items() if v is not None}
         if set(values) < {"schema_format", "sample_rows", "system_prompt"}:
-            prep = load_params(params_file or PARAMS_FILE).prepare
+            params = load_params(params_file or PARAMS_FILE)
+            prep = params.prepare
             base = dict(schema_format=prep.schema_format, sample_rows=prep.sample_rows,
                         system_prompt=prep.system_prompt,
-                        mark_schema_mentions=prep.mark_schema_mentions)
+                        mark_schema_mentions=prep.mark_schema_mentions,
+                        schema_repair=params.eval.schema_repair)
             values = {**base, **values}
         settings = cls(**values)
         if settings.schema_format not in ("compact", "ddl"):
@@ -210,6 +214,18 @@ class PromptBuilder:
         return [{"db_id": db_id, "present": self.db_path(db_id).is_file(),
                  "tables": [t.name for t in schema.tables]}
                 for db_id, schema in sorted(self.schemas.items())]
+
+    def schema(self, *, db_id: str | None = None, ddl: str | None = None) -> Schema | None:
+        """The schema of a request that names a database or gives DDL; None for schema_str
+        (free text: there are no names to check a query against)."""
+        if db_id is not None and db_id in self.schemas:
+            return self.schemas[db_id]
+        if ddl is not None:
+            try:
+                return schema_from_ddl(ddl)
+            except InputError:
+                return None
+        return None
 
     # ------------------------------------------------------------------ messages
     def messages(self, question: str, *, schema_str: str | None = None,

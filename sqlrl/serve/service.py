@@ -266,6 +266,15 @@ class Service:
                                  f"schema or question")
         return n_tokens
 
+    def repaired(self, req: GenerateRequest, sqls: list[str]) -> list[str]:
+        """Schema repair (eval.schema_repair) where the request's schema is known."""
+        from sqlrl.schema_repair import repair_sql
+
+        schema = self.prompts.schema(db_id=req.db_id, ddl=req.ddl)
+        if schema is None:
+            return sqls
+        return [repair_sql(sql, schema, req.question) for sql in sqls]
+
     async def generate(self, req: GenerateRequest) -> dict:
         from sqlrl.sql_extract import extract_sql
 
@@ -292,6 +301,8 @@ class Service:
             raise HTTPError(500, "generation failed: the backend returned no completion")
         gen_s = time.perf_counter() - t0
         sqls = [extract_sql(t) for t in texts]
+        if self.settings.schema_repair:
+            sqls = self.repaired(req, sqls)
         out = {"sql": sqls[0], "completion": texts[0]}
         verdicts = None
         chosen = 0
