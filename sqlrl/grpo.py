@@ -82,8 +82,8 @@ def sampled_pass_rates(rows: list[dict], generator, tokenizer, samples: int,
     groups = generator.sample(prompts, samples, temperature, seed)
     rates = []
     for row, group in zip(rows, groups):
-        rewards = reward_fn(group, db_path=[row["db_path"]] * len(group),
-                            gold_sql=[row["gold_sql"]] * len(group))
+        columns = {k: [v] * len(group) for k, v in row.items() if k != "prompt"}
+        rewards = reward_fn(group, **columns)  # the row's columns, as TRL passes them
         rates.append(sum(rewards) / len(rewards))
     return rates
 

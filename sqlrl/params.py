@@ -156,6 +156,7 @@ class GrpoParams:
     num_iterations: int
     reward_weights: RewardWeights
     reward_timeout_s: float    # wall-time limit per executed query
+    schema_repair: bool        # reward the schema-repaired SQL (as eval.schema_repair scores it)
     drop_empty_gold: bool      # drop prompts whose gold result is empty
     pass_rate_filter: PassRateFilter
     lora: LoraParams

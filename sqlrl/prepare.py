@@ -2,7 +2,8 @@
 
 Outputs (in data/prepared/):
 - sft.jsonl: TRL conversational prompt/completion rows (+ db_id);
-- grpo.jsonl: prompt, gold_sql, db_path (relative to the repo root), db_id;
+- grpo.jsonl: prompt, gold_sql, db_path (relative to the repo root), db_id, question (for the
+  reward's schema repair);
 - dev.jsonl and heldout.jsonl: question, gold, db_id, db_path, db_present, prompt.
 Training examples whose database file is absent are skipped and counted (their SQL cannot be
 executed for the reward). Dev examples keep their row with db_present=false, so evaluation
@@ -127,6 +128,7 @@ def prepare(params: PrepareParams, seed: int, root: Path = REPO_ROOT) -> dict:
         sft_rows.append({"prompt": messages, "completion": completion_message(ex.query),
                          "db_id": ex.db_id})
         grpo_rows.append({"prompt": messages, "gold_sql": ex.query, "db_id": ex.db_id,
+                          "question": ex.question,
                           "db_path": relative_to_root(database_path(spider_dir, ex.db_id), root)})
     augment_stats = augment_rows(sft_rows, train, schemas, params, seed)
     dev_rows = [_eval_row(ex, prompts, root) for ex in dev]

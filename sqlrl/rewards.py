@@ -252,7 +252,8 @@ def _column(values, n: int) -> list:
     return list(values)
 
 
-def _items(completions, db_path, gold_sql) -> list[Item]:
+def _items(completions, db_path, gold_sql, repair=None) -> list[Item]:
+    """(database, gold, predicted SQL) per completion; `repair(i, sql)` rewrites the SQL."""
     n = len(completions)
     paths, golds = _column(db_path, n), _column(gold_sql, n)
     if len(paths) != n or len(golds) != n:
@@ -261,21 +262,38 @@ def _items(completions, db_path, gold_sql) -> list[Item]:
     for p in paths:
         if p not in absolute:
             absolute[p] = str(resolve(p))
-    return [(absolute[p], g, extract_sql(c)) for c, p, g in zip(completions, paths, golds)]
+    sqls = [extract_sql(c) for c in completions]
+    if repair is not None:
+        sqls = [repair(i, sql) for i, sql in enumerate(sqls)]
+    return [(absolute[p], g, s) for s, p, g in zip(sqls, paths, golds)]
+
+
+def _schema_repairer(schemas: dict, n: int, kwargs: dict):
+    """repair(i, sql) for a batch, from its db_id and question columns."""
+    from sqlrl.schema_repair import repair_sql
+
+    if kwargs.get("db_id") is None or kwargs.get("question") is None:
+        raise ValueError("schema repair needs the db_id and question columns")
+    db_ids, questions = _column(kwargs["db_id"], n), _column(kwargs["question"], n)
+    return lambda i, sql: (repair_sql(sql, schemas[db_ids[i]], questions[i])
+                           if db_ids[i] in schemas else sql)
 
 
 class _Rewards:
     """The state shared by one pair of reward functions: the pool and running counts."""
 
-    def __init__(self, pool: JudgePool):
+    def __init__(self, pool: JudgePool, schemas: dict | None = None):
         self.pool = pool
+        self.schemas = schemas            # db_id -> Schema: reward the schema-repaired SQL
         self.stats: Counter = Counter()   # judgement statuses over all execution_reward calls
         self._warned: set[str] = set()
 
-    def judge(self, completions, db_path, gold_sql) -> list[Judgement] | None:
+    def judge(self, completions, db_path, gold_sql, kwargs: dict) -> list[Judgement] | None:
         """Judgements for a batch, or None when the batch itself is unusable (logged)."""
         try:
-            return self.pool.judge_many(_items(completions, db_path, gold_sql))
+            repair = (_schema_repairer(self.schemas, len(completions), kwargs)
+                      if self.schemas else None)
+            return self.pool.judge_many(_items(completions, db_path, gold_sql, repair))
         except Exception as exc:
             log.error("reward batch could not be judged: %s: %s", type(exc).__name__, exc)
             return None
@@ -304,14 +322,18 @@ def _count(completions) -> int:
 
 
 def make_rewards(limits: ExecLimits | None = None, workers: int | None = None,
-                 keep_distinct: bool = False, backend: str = "process"):
-    """(execution_reward, syntax_reward) sharing one judge pool; see the module docstring."""
-    state = _Rewards(JudgePool(limits, workers, keep_distinct, backend, shortcuts=True))
+                 keep_distinct: bool = False, backend: str = "process",
+                 schemas: dict | None = None):
+    """(execution_reward, syntax_reward) sharing one judge pool; see the module docstring.
+    With `schemas` (db_id -> Schema), the SQL is schema-repaired before it is judged, using
+    the batch's db_id and question columns (grpo.schema_repair)."""
+    state = _Rewards(JudgePool(limits, workers, keep_distinct, backend, shortcuts=True),
+                     schemas)
 
     def execution_reward(completions, db_path, gold_sql, **kwargs) -> list[float | None]:
         """1.0 if the completion's SQL returns the gold result, 0.0 if not, None if the
         database is absent."""
-        judgements = state.judge(completions, db_path, gold_sql)
+        judgements = state.judge(completions, db_path, gold_sql, kwargs)
         if judgements is None:
             return [0.0] * _count(completions)
         state.record(judgements, kwargs.get("log_metric"))
@@ -320,7 +342,8 @@ def make_rewards(limits: ExecLimits | None = None, workers: int | None = None,
     def syntax_reward(completions, db_path, gold_sql=None, **kwargs) -> list[float | None]:
         """1.0 if the completion's SQL executes (any result), 0.0 if not, None if the
         database is absent."""
-        judgements = state.judge(completions, db_path, "" if gold_sql is None else gold_sql)
+        judgements = state.judge(completions, db_path, "" if gold_sql is None else gold_sql,
+                                 kwargs)
         if judgements is None:
             return [0.0] * _count(completions)
         return [None if "skipped" in (j.pred_status, j.gold_status)

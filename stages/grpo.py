@@ -9,6 +9,8 @@ from sqlrl.executor import ExecLimits, SQLExecutor
 from sqlrl.grpo import select_prompts, sampled_pass_rates, train_grpo
 from sqlrl.metrics import write_metrics
 from sqlrl.params import load_params
+from sqlrl.paths import SPIDER_DIR
+from sqlrl.spider import load_schemas
 from sqlrl.rewards import make_rewards
 
 SFT_DIR = "models/sft"
@@ -17,7 +19,9 @@ SFT_DIR = "models/sft"
 def main() -> int:
     params = load_params()
     grpo = params.grpo
-    execution_reward, syntax_reward = make_rewards(ExecLimits(timeout_s=grpo.reward_timeout_s))
+    schemas = load_schemas(SPIDER_DIR / "tables.json") if grpo.schema_repair else None
+    execution_reward, syntax_reward = make_rewards(ExecLimits(timeout_s=grpo.reward_timeout_s),
+                                                   schemas=schemas)
 
     def pass_rates(rows):
         from sqlrl.generate import HFGenerator

@@ -58,6 +58,7 @@ def test_prepare_writes_all_splits_and_counts_absent_databases(mini_root):
     assert sft[0]["completion"][0]["role"] == "assistant"
     assert grpo[0]["db_path"] == f"data/raw/spider/database/{grpo[0]['db_id']}/{grpo[0]['db_id']}.sqlite"
     assert (mini_root / grpo[0]["db_path"]).is_file()
+    assert grpo[0]["question"] in sft[0]["prompt"][-1]["content"]  # for the reward's repair
     assert {r["question"] for r in heldout}.isdisjoint({r["prompt"][1]["content"] for r in sft})
     assert metrics["prompt_length"]["train"]["n"] == len(sft)
 

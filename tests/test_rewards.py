@@ -182,3 +182,27 @@ def test_a_failing_worker_pool_does_not_fail_the_batch(relative_db, monkeypatch)
     scores = execution(completions, db_path=relative_db, gold_sql=GOLD)
     assert scores == [1.0 if 32 <= i < 41 else 0.0 for i in range(35, 75)]
 
+
+
+def test_with_schema_repair_the_repaired_sql_is_rewarded(spider_dir, relative_db, caplog):
+    """grpo.schema_repair: a memorised table name is judged after mapping onto the schema."""
+    from sqlrl.spider import load_schemas
+
+    execution, syntax = make_rewards(ExecLimits(timeout_s=0.5), workers=1,
+                                     schemas=load_schemas(spider_dir / "tables.json"))
+    plain, _ = make_rewards(ExecLimits(timeout_s=0.5), workers=1)
+    completions = ["SELECT count(*) FROM performance", "SELECT count(*) FROM singer",
+                   "SELECT count(*) FROM stadium"]
+    columns = dict(db_path=[relative_db] * 3, gold_sql=["SELECT count(*) FROM singer"] * 3,
+                   db_id=["concert_singer"] * 3, question=["How many singers do we have?"] * 3)
+    try:
+        assert execution(completions, **columns) == [1.0, 1.0, 0.0]
+        assert plain(completions, **columns) == [0.0, 1.0, 0.0]
+        assert syntax(completions, **columns) == [1.0, 1.0, 1.0]
+        # a dataset without the question column cannot be repaired: an error, not a guess
+        no_question = {k: v for k, v in columns.items() if k != "question"}
+        assert execution(completions, **no_question) == [0.0, 0.0, 0.0]
+        assert "needs the db_id and question columns" in caplog.text
+    finally:
+        execution.pool.close()
+        plain.pool.close()
