@@ -32,9 +32,16 @@ def paired_bootstrap(baseline: list[int | None], candidate: list[int | None], se
 
 def compare_predictions(baseline_rows: list[dict], candidate_rows: list[dict],
                         seed: int = 0) -> dict:
-    """paired_bootstrap over two prediction files, checking they ask the same questions."""
+    """paired_bootstrap over two prediction files, checking they ask the same questions; under
+    `nontrivial`, the same on the questions whose gold result is not trivial (`gold_trivial`)."""
     for i, (b, c) in enumerate(zip(baseline_rows, candidate_rows)):
         if (b["question"], b["db_id"]) != (c["question"], c["db_id"]):
             raise ValueError(f"prediction files differ at item {i}: not the same questions")
-    return paired_bootstrap([r["ex"] for r in baseline_rows], [r["ex"] for r in candidate_rows],
-                            seed)
+    result = paired_bootstrap([r["ex"] for r in baseline_rows],
+                              [r["ex"] for r in candidate_rows], seed)
+    telling = [(b, c) for b, c in zip(baseline_rows, candidate_rows)
+               if not (b.get("gold_trivial") or c.get("gold_trivial"))]
+    if len(telling) < len(baseline_rows):
+        result["nontrivial"] = paired_bootstrap([b["ex"] for b, _ in telling],
+                                                [c["ex"] for _, c in telling], seed)
+    return result

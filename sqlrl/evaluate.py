@@ -17,7 +17,8 @@
   OmniSQL (results compared the way EX compares them). Candidates that fail to execute get no
   vote; if none runs, the first is kept.
 
-Metrics per split: ex, em, n (scored), skipped, by_hardness, errors, executable (share of scored
+Metrics per split: ex, em, ex_nontrivial (EX without the n_trivial_gold questions whose gold
+result is empty or only 0/NULL, which wrong queries match easily), n (scored), skipped, by_hardness, errors, executable (share of scored
 predictions that ran without error), generation_seconds, examples_per_second. The dev split's
 fields are at the top level, the held-out split's under "heldout" (when it has rows).
 """
@@ -169,6 +170,8 @@ def evaluate_split(rows: list[dict], generator, render: Callable[[list[dict]], s
                       else item.get("error") or ""),
             "output": texts[i],
         }
+        if item.get("gold_trivial") and not skipped:
+            pred["gold_trivial"] = True
         if votes is not None and i in position:
             pred["votes"] = votes[position[i]]
         if unrepaired and i in position and unrepaired[position[i]] != preds[i]:
@@ -179,6 +182,8 @@ def evaluate_split(rows: list[dict], generator, render: Callable[[list[dict]], s
     n = len(scored)
     metrics = {
         "ex": report["ex"], "em": report["em"], "n": n,
+        "ex_nontrivial": report.get("ex_nontrivial"),
+        "n_trivial_gold": report.get("n_trivial_gold", 0),
         "skipped": len(predictions) - n,
         "by_hardness": report["by_hardness"],
         "errors": report["errors"],

@@ -45,6 +45,8 @@ class Judgement:
     gold_status: str        # the gold query's verdict
     match: bool             # both ran and the results are equal
     error: str = ""         # why not, in a few words
+    gold_trivial: bool = False  # the gold result is empty or only 0/NULL: any query that
+                                # returns nothing (or zero) "matches" it (see trivial_result)
 
     @property
     def status(self) -> str:
@@ -84,14 +86,15 @@ class Judge:
             else:
                 stop = len(gold.rows) if self.shortcuts and gold.ok else None
                 pred = self.executor.execute(db_path, pred_sql, stop_after=stop)
+            trivial = gold.ok and trivial_result(gold.rows)
             if pred.status != "ok":
-                return Judgement(pred.status, gold.status, False, pred.error)
+                return Judgement(pred.status, gold.status, False, pred.error, trivial)
             if gold.status != "ok":
                 return Judgement("ok", gold.status, False, f"gold query {gold.status}: {gold.error}")
             if pred.truncated:
-                return Judgement("ok", "ok", False, "more rows than the gold result")
+                return Judgement("ok", "ok", False, "more rows than the gold result", trivial)
             match = results_match(gold.rows, pred.rows, order_matters(gold_sql))
-            return Judgement("ok", "ok", match, "" if match else "result differs")
+            return Judgement("ok", "ok", match, "" if match else "result differs", trivial)
         except Exception as exc:
             return Judgement("error", "error", False, f"internal: {type(exc).__name__}: {exc}")
 
@@ -100,6 +103,13 @@ class Judge:
         if isinstance(sql, str) and len(sql) <= self.executor.limits.max_sql_chars:
             return normalize_sql(sql, self.keep_distinct)
         return sql
+
+
+def trivial_result(rows) -> bool:
+    """No rows, or only 0, NULL and empty strings: many wrong queries return that too (in
+    Spider dev, 8% of the gold results, e.g. flight_2's empty joins), so an EX match on such a
+    question says little."""
+    return all(value in (0, None, "") for row in rows for value in row)
 
 
 def _same_text(a, b) -> bool:

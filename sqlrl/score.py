@@ -8,7 +8,9 @@ A drop-in for the official evaluator's interface:
 GOLD holds `SQL<TAB>db_id` per line, PRED one SQL per line (same count). EX uses the shared
 executor and equality (sqlrl.equality); EM and hardness come from sqlrl.spider_eval. An item
 whose database file is absent is "skipped": ex and em are null, and it is left out of `n` and
-of the EX/EM fractions, but counted in `skipped`. The same report comes from
+of the EX/EM fractions, but counted in `skipped`. `ex_nontrivial` is EX without the questions
+whose gold result is empty or only 0/NULL (`n_trivial_gold`), which a wrong query matches
+easily. The same report comes from
 `score_predictions` for in-process callers.
 """
 from __future__ import annotations
@@ -102,6 +104,7 @@ def _item(index: int, gold_sql: str, db_id: str, pred: str, judgement: Judgement
         "index": index, "db_id": db_id, "hardness": level, "status": status,
         "ex": None if skipped else int(judgement.match), "em": em,
         "error": error[:_ERROR_CHARS], "gold_failed": judgement.gold_status not in ("ok", "skipped"),
+        "gold_trivial": judgement.gold_trivial,
     }
 
 
@@ -130,8 +133,12 @@ def _summary(items: list[dict]) -> dict:
             "skipped": sum(1 for it in items
                            if it["hardness"] == level and it["status"] == "skipped"),
         }
+    telling = [it for it in scored if not it.get("gold_trivial")]
     return {
         "ex": _fraction([it["ex"] for it in scored]),
+        # EX on the questions whose gold result is not trivial (not empty, not only 0/NULL)
+        "ex_nontrivial": _fraction([it["ex"] for it in telling]),
+        "n_trivial_gold": len(scored) - len(telling),
         "em": _fraction([it["em"] for it in scored if it["em"] is not None]),
         "n": len(scored),
         "skipped": len(items) - len(scored),

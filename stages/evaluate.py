@@ -58,12 +58,14 @@ def main(argv: list[str], root: Path = REPO_ROOT) -> int:
     write_jsonl(out / f"{name}.jsonl", predictions["dev"])
     write_jsonl(out / f"{name}_heldout.jsonl", predictions.get("heldout", []))
     write_metrics(root / "metrics" / f"eval_{name}.json", metrics)
-    line = (f"evaluate@{name}: dev EX {_pct(metrics['ex'])} EM {_pct(metrics['em'])} "
+    line = (f"evaluate@{name}: dev EX {_pct(metrics['ex'])} (non-trivial gold "
+            f"{_pct(metrics['ex_nontrivial'])}) EM {_pct(metrics['em'])} "
             f"on {metrics['n']} ({metrics['skipped']} skipped), "
             f"{metrics['examples_per_second']} examples/s")
     if "heldout" in metrics:
         held = metrics["heldout"]
-        line += f"; held-out EX {_pct(held['ex'])} EM {_pct(held['em'])} on {held['n']}"
+        line += (f"; held-out EX {_pct(held['ex'])} (non-trivial gold "
+                 f"{_pct(held['ex_nontrivial'])}) EM {_pct(held['em'])} on {held['n']}")
     print(line)
     return 0
 

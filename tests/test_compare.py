@@ -37,3 +37,17 @@ def test_prediction_files_must_ask_the_same_questions():
         compare_predictions(a, b)
     with pytest.raises(ValueError, match="cannot pair"):
         paired_bootstrap([1, 0], [1])
+
+
+def test_the_comparison_is_repeated_without_trivial_gold_questions():
+    from sqlrl.compare import compare_predictions
+
+    rows = lambda exs, trivial: [{"question": f"q{i}", "db_id": "d", "ex": e,  # noqa: E731
+                                  **({"gold_trivial": True} if i in trivial else {})}
+                                 for i, e in enumerate(exs)]
+    base = rows([0] * 40, trivial=set(range(20)))
+    cand = rows([1] * 20 + [0] * 20, trivial=set(range(20)))  # wins only on trivial golds
+    result = compare_predictions(base, cand, seed=0)
+    assert result["diff"] == 0.5 and result["excludes_zero"]
+    assert result["nontrivial"]["n"] == 20 and result["nontrivial"]["diff"] == 0.0
+    assert not result["nontrivial"]["excludes_zero"]

@@ -116,3 +116,21 @@ def test_a_malformed_gold_file_exits_2(spider_dir, tmp_path):
     code = main(["--gold", str(gold), "--pred", str(pred), "--db", str(spider_dir / "database"),
                  "--table", str(spider_dir / "tables.json"), "--out", str(tmp_path / "r.json")])
     assert code == 2
+
+
+def test_trivial_gold_results_are_flagged_and_left_out_of_ex_nontrivial(gold_vs_gold, spider_dir,
+                                                                         dev_gold):
+    """A question whose gold result is empty or only zeros is matched by many wrong queries."""
+    report, _ = gold_vs_gold
+    trivial = [it for it in report["items"] if it["gold_trivial"]]
+    assert report["n_trivial_gold"] == len(trivial) == 77  # of the 972 scored dev questions
+    assert report["ex_nontrivial"] == 1.0
+    flight = [(sql, db) for sql, db in dev_gold if db == "flight_2"
+              and sql.startswith("SELECT count(*) FROM FLIGHTS WHERE SourceAirport")][:1]
+    assert flight, "dev has flight_2 counts whose answer is 0 in this database"
+    wrong = "SELECT count(*) FROM flights WHERE Airline = 'no such airline'"
+    one = score_predictions(flight, [wrong], spider_dir / "database", spider_dir / "tables.json",
+                            workers=1, progress=False)
+    assert one["ex"] == 1.0                        # EX as Spider defines it: the results agree
+    assert one["items"][0]["gold_trivial"] and one["n_trivial_gold"] == 1
+    assert one["ex_nontrivial"] is None            # nothing telling left to score
