@@ -46,13 +46,17 @@ class SelectionStats:
 
 
 def drop_empty_gold(rows: list[dict], executor, stats: SelectionStats) -> list[dict]:
-    """Rows whose gold SQL runs and returns at least one row."""
+    """Rows whose gold SQL runs and returns something other than nothing or only 0/NULL
+    (`sqlrl.rewards.trivial_result`): many wrong queries return that too, and would be
+    rewarded for it."""
+    from sqlrl.rewards import trivial_result
+
     kept = []
     for row in rows:
         verdict = executor.execute_gold(row["db_path"], row["gold_sql"])
         if verdict.status != "ok":
             stats.dropped_gold_error += 1
-        elif not verdict.rows:
+        elif trivial_result(verdict.rows):
             stats.dropped_empty_gold += 1
         else:
             kept.append(row)

@@ -157,7 +157,7 @@ class GrpoParams:
     reward_weights: RewardWeights
     reward_timeout_s: float    # wall-time limit per executed query
     schema_repair: bool        # reward the schema-repaired SQL (as eval.schema_repair scores it)
-    drop_empty_gold: bool      # drop prompts whose gold result is empty
+    drop_empty_gold: bool      # drop prompts whose gold result is empty (or only 0/NULL)
     pass_rate_filter: PassRateFilter
     lora: LoraParams
     use_vllm: bool

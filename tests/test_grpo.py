@@ -51,10 +51,12 @@ def _grpo_params(**changes):
 
 def test_empty_gold_results_are_dropped_and_counted(rows):
     empty = dict(rows[0], gold_sql="SELECT * FROM head WHERE age > 10000")
+    zero = dict(rows[2], gold_sql="SELECT count(*) FROM head WHERE age > 10000")
     broken = dict(rows[1], gold_sql="SELECT nothing FROM nowhere")
-    kept, stats = select_prompts([empty, broken, *rows[2:6]], _grpo_params(), 0, SQLExecutor())
-    assert (stats.candidates, stats.dropped_empty_gold, stats.dropped_gold_error) == (6, 1, 1)
-    assert stats.kept == len(kept) == 4 and empty not in kept and broken not in kept
+    kept, stats = select_prompts([empty, zero, broken, *rows[3:6]], _grpo_params(), 0,
+                                 SQLExecutor())
+    assert (stats.candidates, stats.dropped_empty_gold, stats.dropped_gold_error) == (6, 2, 1)
+    assert stats.kept == len(kept) == 3 and not {id(empty), id(zero), id(broken)} & set(map(id, kept))
 
 
 def test_pass_rate_filter_keeps_prompts_solved_sometimes_but_not_always(rows):
