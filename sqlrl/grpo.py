@@ -215,7 +215,8 @@ def summarize_log(history: list[dict], timer: StepTimer, steps: int, wall_s: flo
 def train_grpo(params: GrpoParams, seed: int, sft_dir: str | Path, rows: list[dict],
                out_dir: str | Path, reward_funcs: list, checkpoint_dir: str | Path = CHECKPOINT_DIR,
                dvclive_dir: str = DVCLIVE_DIR) -> dict:
-    """Train the LoRA adapter on `rows` (prompt, gold_sql, db_path) and save it to out_dir."""
+    """Train the LoRA adapter on `rows` (prompt, gold_sql, db_path, ...) and save it to out_dir.
+    Every column reaches the reward functions (TRL passes them as keyword arguments)."""
     from datasets import Dataset
     from dvclive import Live
     from transformers import set_seed
@@ -227,8 +228,7 @@ def train_grpo(params: GrpoParams, seed: int, sft_dir: str | Path, rows: list[di
     set_seed(seed)
     timer = StepTimer()
     model, tokenizer = load_model_and_tokenizer(sft_dir)
-    dataset = Dataset.from_list([{"prompt": r["prompt"], "gold_sql": r["gold_sql"],
-                                  "db_path": r["db_path"]} for r in rows])
+    dataset = Dataset.from_list(rows)
     resume_from = last_checkpoint(checkpoint_dir) if params.resume else None
     if not params.resume:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)

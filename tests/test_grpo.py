@@ -28,7 +28,7 @@ def rows(spider_dir):
     schemas = load_schemas(spider_dir / "tables.json")
     examples = load_examples(spider_dir / "train_spider.json", schemas)[:16]
     return [{"prompt": build_messages(compact_schema(schemas[e.db_id]), e.question, "SQL only."),
-             "gold_sql": e.query, "db_id": e.db_id,
+             "gold_sql": e.query, "db_id": e.db_id, "question": e.question,
              "db_path": relative_to_root(database_path(spider_dir, e.db_id))} for e in examples]
 
 
@@ -84,6 +84,7 @@ def test_reward_wiring_on_a_tiny_model(rows, tiny_sft, tmp_path):
 
     def recording_reward(completions, db_path, gold_sql, **kwargs):
         seen.append((len(completions), list(db_path), list(gold_sql)))
+        assert len(kwargs["db_id"]) == len(kwargs["question"]) == len(completions)  # for repair
         return execution_reward(completions, db_path=db_path, gold_sql=gold_sql, **kwargs)
     recording_reward.__name__ = "execution_reward"
 
