@@ -87,14 +87,25 @@ def accuracy_table(old: dict[str, dict | None], new: dict[str, dict | None]) -> 
         cur, base = new.get(stage), old.get(stage) or {}
         if not cur:
             continue
-        for split, c, b in [("dev", cur, base)] + [
+        held, held_base = cur.get("heldout") or {}, base.get("heldout") or {}
+        for split, c, b in [("dev", cur, base), ("dev, non-trivial gold", *_nontrivial(cur, base))] + [
                 (h, cur.get("by_hardness", {}).get(h, {}), base.get("by_hardness", {}).get(h, {}))
-                for h in HARDNESS] + [("heldout", cur.get("heldout") or {}, base.get("heldout") or {})]:
+                for h in HARDNESS] + [("heldout", held, held_base),
+                                      ("heldout, non-trivial gold", *_nontrivial(held, held_base))]:
             if not c or not c.get("n"):
                 continue
             lines.append(f"| {stage} | {split} | {_fmt(c.get('ex'))} | {_delta(c.get('ex'), b.get('ex'))}"
                          f" | {_fmt(c.get('em'))} | {_delta(c.get('em'), b.get('em'))} | {c.get('n')} |")
     return "\n".join(lines) + "\n"
+
+
+def _nontrivial(cur: dict, base: dict) -> tuple[dict, dict]:
+    """EX on the questions whose gold result is not empty or only 0/NULL (no EM: not split)."""
+    def view(m: dict) -> dict:
+        if m.get("ex_nontrivial") is None:
+            return {}
+        return {"ex": m["ex_nontrivial"], "n": m.get("n", 0) - m.get("n_trivial_gold", 0)}
+    return view(cur), view(base)
 
 
 def flipped_questions(old_rows: list[dict], new_rows: list[dict]) -> list[dict]:
