@@ -31,6 +31,7 @@ def test_smoke_run_writes_sane_metrics(smoke_repo):
         report = _metrics(smoke_repo, f"eval_{name}")
         assert report["n"] + report["skipped"] == prepared["dev"]["examples"]
         assert 0.0 <= report["ex"] <= 1.0 and 0.0 <= report["em"] <= 1.0
+        assert report["n_trivial_gold"] <= report["n"] and "repaired" in report  # schema repair on
         rows = [json.loads(line) for line in
                 (smoke_repo / "data" / "predictions" / f"{name}.jsonl").read_text().splitlines()]
         assert len(rows) == prepared["dev"]["examples"]
