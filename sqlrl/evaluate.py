@@ -18,9 +18,10 @@
   vote; if none runs, the first is kept.
 
 Metrics per split: ex, em, ex_nontrivial (EX without the n_trivial_gold questions whose gold
-result is empty or only 0/NULL, which wrong queries match easily), n (scored), skipped, by_hardness, errors, executable (share of scored
-predictions that ran without error), generation_seconds, examples_per_second. The dev split's
-fields are at the top level, the held-out split's under "heldout" (when it has rows).
+result is empty or only 0/NULL, which wrong queries match easily), n (scored), skipped,
+by_hardness, errors, executable (share of scored predictions that ran without error),
+generation_seconds, examples_per_second, repaired (with schema repair). The dev split's fields
+are at the top level, the held-out split's under "heldout" (when it has rows).
 """
 from __future__ import annotations
 

@@ -183,7 +183,7 @@ class EvalParams:
     use_vllm: bool             # vLLM where it is installed; transformers otherwise
     num_samples: int           # 1 = greedy; N > 1 = self-consistency (sample N, vote by result)
     temperature: float         # sampling temperature, used only when num_samples > 1
-    schema_repair: bool        # map unknown table/column names onto the schema (sqlrl/schema_repair.py)
+    schema_repair: bool        # map unknown table/column names onto the schema (schema_repair.py)
 
     def __post_init__(self):
         if self.batch_size < 1 or self.max_new_tokens < 1 or self.num_samples < 1:

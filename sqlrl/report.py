@@ -88,10 +88,12 @@ def accuracy_table(old: dict[str, dict | None], new: dict[str, dict | None]) -> 
         if not cur:
             continue
         held, held_base = cur.get("heldout") or {}, base.get("heldout") or {}
-        for split, c, b in [("dev", cur, base), ("dev, non-trivial gold", *_nontrivial(cur, base))] + [
-                (h, cur.get("by_hardness", {}).get(h, {}), base.get("by_hardness", {}).get(h, {}))
-                for h in HARDNESS] + [("heldout", held, held_base),
-                                      ("heldout, non-trivial gold", *_nontrivial(held, held_base))]:
+        rows = [("dev", cur, base), ("dev, non-trivial gold", *_nontrivial(cur, base))]
+        rows += [(h, cur.get("by_hardness", {}).get(h, {}), base.get("by_hardness", {}).get(h, {}))
+                 for h in HARDNESS]
+        rows += [("heldout", held, held_base),
+                 ("heldout, non-trivial gold", *_nontrivial(held, held_base))]
+        for split, c, b in rows:
             if not c or not c.get("n"):
                 continue
             lines.append(f"| {stage} | {split} | {_fmt(c.get('ex'))} | {_delta(c.get('ex'), b.get('ex'))}"
