@@ -120,7 +120,13 @@ def evaluate_split(rows: list[dict], generator, render: Callable[[list[dict]], s
 
     todo = [i for i, row in enumerate(rows) if row.get("prompt") and row.get("db_present", True)]
     prompts = [render(rows[i]["prompt"]) for i in todo]
-    fix = _schema_repairer([rows[i] for i in todo], spider_dir) if schema_repair else None
+    fix = None
+    if schema_repair:
+        from sqlrl.schema_repair import repairer
+        from sqlrl.spider import load_schemas
+
+        fix = repairer(load_schemas(Path(spider_dir) / "tables.json"),
+                       [rows[i]["db_id"] for i in todo], [rows[i]["question"] for i in todo])
     unrepaired: list[str] = []
     tokens_before = getattr(generator, "generated_tokens", None)
     start = time.perf_counter()
@@ -201,15 +207,6 @@ def evaluate_split(rows: list[dict], generator, render: Callable[[list[dict]], s
         metrics["generated_tokens"] = tokens
         metrics["tokens_per_second"] = round(tokens / seconds, 1)
     return metrics, predictions
-
-
-def _schema_repairer(rows: list[dict], spider_dir: str | Path) -> Callable[[int, str], str]:
-    """fix(k, sql): schema repair of a prediction for rows[k] against its database's schema."""
-    from sqlrl.schema_repair import repair_sql
-    from sqlrl.spider import load_schemas
-
-    schemas = load_schemas(Path(spider_dir) / "tables.json")
-    return lambda k, sql: repair_sql(sql, schemas[rows[k]["db_id"]], rows[k]["question"])
 
 
 def _check_count(outputs: list, prompts: list[str]) -> None:

@@ -280,13 +280,11 @@ def _items(completions, db_path, gold_sql, repair=None) -> list[Item]:
 
 def _schema_repairer(schemas: dict, n: int, kwargs: dict):
     """repair(i, sql) for a batch, from its db_id and question columns."""
-    from sqlrl.schema_repair import repair_sql
+    from sqlrl.schema_repair import repairer
 
     if kwargs.get("db_id") is None or kwargs.get("question") is None:
         raise ValueError("schema repair needs the db_id and question columns")
-    db_ids, questions = _column(kwargs["db_id"], n), _column(kwargs["question"], n)
-    return lambda i, sql: (repair_sql(sql, schemas[db_ids[i]], questions[i])
-                           if db_ids[i] in schemas else sql)
+    return repairer(schemas, _column(kwargs["db_id"], n), _column(kwargs["question"], n))
 
 
 class _Rewards:

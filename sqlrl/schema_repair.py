@@ -5,8 +5,9 @@ Why: a small model trained from scratch learns SQL structure but writes table an
 memorised from the training databases; on a new database such a query can only fail ("no such
 table"). Repair keeps the model's query and swaps each unknown name for the most likely real
 one: a near-identical spelling first (ages -> Age), then a name the question mentions
-(`sqlrl.augment.schema_mentions`), then the most similar spelling (difflib). Constraining names to the schema is what grammar-constrained decoders such
-as PICARD do during generation; this does it after, on the parsed query (sqlglot).
+(`sqlrl.augment.schema_mentions`), then the most similar spelling (difflib). Constraining names
+to the schema is what grammar-constrained decoders such as PICARD do during generation; this
+does it after, on the parsed query (sqlglot).
 
 Only unknown names change, so a query that runs is returned as it is: repair can turn a query
 that would fail into one that runs, never the other way round. Double-quoted names (SQLite reads
@@ -15,6 +16,7 @@ an unknown one as a string), column aliases, CTE names and columns of subqueries
 from __future__ import annotations
 
 import difflib
+from collections.abc import Callable, Sequence
 
 from sqlrl.augment import schema_mentions
 from sqlrl.spider import Schema, Table
@@ -29,6 +31,16 @@ def _similarity(a: str, b: str) -> float:
     """Spelling similarity in [0, 1], plus CLOSE_BONUS for a near-identical spelling."""
     ratio = difflib.SequenceMatcher(None, a.lower(), b.lower()).ratio()
     return ratio + (CLOSE_BONUS if ratio >= CLOSE else 0.0)
+
+
+def repairer(schemas: dict[str, Schema], db_ids: Sequence[str],
+             questions: Sequence[str]) -> Callable[[int, str], str]:
+    """repair(i, sql) for a batch whose item i asks questions[i] of database db_ids[i]; SQL for
+    a database `schemas` does not know is returned as it is."""
+    def repair(i: int, sql: str) -> str:
+        schema = schemas.get(db_ids[i])
+        return sql if schema is None else repair_sql(sql, schema, questions[i])
+    return repair
 
 
 def repair_sql(sql: str, schema: Schema, question: str) -> str:
@@ -46,8 +58,8 @@ def repair_sql(sql: str, schema: Schema, question: str) -> str:
     if tree is None:
         return sql
     mentions = schema_mentions(question, schema)
-    changed = _repair_tables(tree, schema, mentions, exp)
-    changed |= _repair_columns(tree, schema, mentions, exp)
+    changed = _repair_tables(tree, schema, mentions)
+    changed |= _repair_columns(tree, schema, mentions)
     if not changed:
         return sql
     try:
@@ -56,7 +68,9 @@ def repair_sql(sql: str, schema: Schema, question: str) -> str:
         return sql
 
 
-def _repair_tables(tree, schema: Schema, mentions: list[str], exp) -> bool:
+def _repair_tables(tree, schema: Schema, mentions: list[str]) -> bool:
+    from sqlglot import exp
+
     tables = {t.name.lower() for t in schema.tables}
     ctes = {cte.alias.lower() for cte in tree.find_all(exp.CTE) if cte.alias}
     mentioned = {m for m in mentions if "." not in m}
@@ -84,7 +98,9 @@ def _repair_tables(tree, schema: Schema, mentions: list[str], exp) -> bool:
     return changed
 
 
-def _repair_columns(tree, schema: Schema, mentions: list[str], exp) -> bool:
+def _repair_columns(tree, schema: Schema, mentions: list[str]) -> bool:
+    from sqlglot import exp
+
     by_name = {t.name.lower(): t for t in schema.tables}
     scope: dict[str, Table] = {}  # table name or alias -> table
     in_query: list[Table] = []
