@@ -118,10 +118,17 @@ class SftParams:
     logging_steps: int
     torch_threads: int         # CPU threads for torch; 0 = torch's default
     completion_only_loss: bool  # False: the prompt tokens are trained on too (schema + question)
+    # with completion_only_loss false: a prompt token's loss weight relative to a completion
+    # token's (1.0: every token alike; smaller keeps the completion from being drowned out)
+    prompt_loss_weight: float
 
     def __post_init__(self):
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise ParamsError(f"sft.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if not 0.0 < self.prompt_loss_weight <= 1.0:
+            raise ParamsError("sft.prompt_loss_weight must be in (0, 1] (use "
+                              "completion_only_loss: true for no prompt loss), got "
+                              f"{self.prompt_loss_weight}")
 
 
 @dataclass(frozen=True)

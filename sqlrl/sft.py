@@ -3,7 +3,8 @@
 - Completion-only loss (TRL's prompt/completion format) through the model's chat template,
   or, with `sft.completion_only_loss: false`, the loss on the prompt too: a model trained from
   scratch then also learns to model schemas and questions (measured on the CPU profile: more
-  in-domain EX). The output layer runs only at the positions that carry a loss.
+  in-domain EX); `sft.prompt_loss_weight` < 1 weighs each prompt token below a completion
+  token. The output layer runs only at the positions that carry a loss.
 - LoRA through PEFT (`sft.use_lora`; rank, alpha, dropout, target modules from params), merged
   into the weights with `merge_and_unload`, or full fine-tuning (the CPU profile: LoRA on random
   weights does not learn). Either way the output is a plain model folder.
@@ -73,12 +74,16 @@ def _trainer_class():
     from trl import SFTTrainer
 
     class CompletionLogitsSFTTrainer(SFTTrainer):
-        """SFTTrainer whose loss runs the output layer only at completion positions.
+        """SFTTrainer whose loss runs the output layer only at the positions that carry a loss.
 
         The backbone runs on the whole sequence; the (vocab-sized) output layer only on the
         positions whose next-token label is not -100. On a CPU this is several times faster
         than TRL's tiled fused head, and the loss is the same token-mean cross-entropy.
+        With `prompt_loss_weight` set (labels then mark the completion only), the prompt's
+        tokens are trained on too, each weighing that much against a completion token.
         """
+
+        prompt_loss_weight: float | None = None
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             mode = "train" if model.training else "eval"
@@ -86,8 +91,16 @@ def _trainer_class():
             backbone = getattr(base, base.base_model_prefix)
             kwargs = {k: inputs[k] for k in ("attention_mask", "position_ids") if k in inputs}
             labels = inputs["labels"][:, 1:]
-            mask = labels != -100
-            targets = labels[mask]
+            completion = labels != -100
+            weight = self.prompt_loss_weight
+            if weight is None:
+                mask, targets = completion, labels[completion]
+            else:  # every real token: the prompt's from input_ids, weighted
+                real = (inputs["attention_mask"][:, 1:].bool() if "attention_mask" in inputs
+                        else torch.ones_like(completion))
+                mask = real | completion
+                targets = inputs["input_ids"][:, 1:][mask]
+                is_completion = completion[mask]
             # the backbone is called directly, so the mixed precision accelerate puts around
             # model.forward must be applied here
             device = inputs["input_ids"].device.type
@@ -98,13 +111,23 @@ def _trainer_class():
                                   **kwargs).last_hidden_state[:, :-1]
                 logits = base.get_output_embeddings()(hidden[mask])
             logits = logits.float()
-            loss_sum = F.cross_entropy(logits, targets, reduction="sum")
-            n = num_items_in_batch if num_items_in_batch is not None else mask.sum()
-            loss = loss_sum / torch.as_tensor(n, device=loss_sum.device).clamp(min=1)
+            if weight is None:
+                loss_sum = F.cross_entropy(logits, targets, reduction="sum")
+                n = num_items_in_batch if num_items_in_batch is not None else mask.sum()
+                loss = loss_sum / torch.as_tensor(n, device=loss_sum.device).clamp(min=1)
+            else:
+                weights = torch.where(is_completion, 1.0, weight)
+                losses = F.cross_entropy(logits, targets, reduction="none")
+                loss = (losses * weights).sum() / weights.sum().clamp(min=1e-8)
+                if num_items_in_batch is not None and self.model_accepts_loss_kwargs:
+                    # the Trainer then skips its division by the accumulation steps
+                    loss = loss / self.current_gradient_accumulation_steps
             with torch.no_grad():
-                correct = (logits.argmax(-1) == targets).sum().item()
+                hits = logits.argmax(-1) == targets
+                if weight is not None:  # accuracy on the completion, as without weighting
+                    hits = hits[is_completion]
                 self._metrics[mode]["mean_token_accuracy"].append(
-                    correct / max(int(targets.numel()), 1))
+                    hits.sum().item() / max(int(hits.numel()), 1))
                 if mode == "train":
                     self._total_train_tokens += int(
                         inputs["attention_mask"].sum().item() if "attention_mask" in inputs
@@ -115,6 +138,11 @@ def _trainer_class():
             return loss
 
     return CompletionLogitsSFTTrainer
+
+
+def _weighted_prompt_loss(params: SftParams) -> bool:
+    """The prompt is trained on with a weight below a completion token's."""
+    return not params.completion_only_loss and params.prompt_loss_weight < 1.0
 
 
 def sft_config(params: SftParams, seed: int, output_dir: str, **overrides):
@@ -128,7 +156,9 @@ def sft_config(params: SftParams, seed: int, output_dir: str, **overrides):
         bf16=params.bf16, fp16=False, gradient_checkpointing=params.gradient_checkpointing,
         lr_scheduler_type=params.lr_scheduler, warmup_steps=params.warmup_ratio,
         weight_decay=params.weight_decay,
-        completion_only_loss=params.completion_only_loss, packing=False,
+        # a weighted prompt loss needs labels that mark the completion (the trainer adds the prompt)
+        completion_only_loss=params.completion_only_loss or _weighted_prompt_loss(params),
+        packing=False,
         train_sampling_strategy="group_by_length" if params.group_by_length else "random",
         logging_steps=params.logging_steps, logging_first_step=True,
         save_strategy="no", eval_strategy="no", report_to="none",
@@ -173,6 +203,8 @@ def train_sft(params: SftParams, seed: int, base_dir: str | Path, data_path: str
         trainer = SFTTrainer(model=model, args=args, train_dataset=dataset,
                              processing_class=tokenizer, callbacks=callbacks,
                              peft_config=lora_config(params) if params.use_lora else None)
+        if _weighted_prompt_loss(params):
+            trainer.prompt_loss_weight = params.prompt_loss_weight
         start = time.perf_counter()
         result = trainer.train()
         wall = time.perf_counter() - start

@@ -104,3 +104,24 @@ def test_prompt_loss_trains_on_the_prompt_tokens(base_dir):
                   base_dir / "base", base_dir / "sft.jsonl", out, dvclive_dir=None)
         nll[only_completion] = _prompt_nll(out, base_dir)
     assert nll[False] < nll[True] - 0.5, nll
+
+
+def test_weighted_prompt_loss_trains_the_prompt_less(base_dir):
+    """prompt_loss_weight < 1: the prompt is still learnt, less than with full weight."""
+    def prompt_nll(**changes):
+        out = base_dir / f"out_weighted_{changes}"
+        train_sft(_params(use_lora=False, epochs=4.0, learning_rate=2e-2, **changes), 0,
+                  base_dir / "base", base_dir / "sft.jsonl", out, dvclive_dir=None)
+        return _prompt_nll(out, base_dir)
+
+    none = prompt_nll(completion_only_loss=True)
+    weighted = prompt_nll(completion_only_loss=False, prompt_loss_weight=0.2)
+    assert weighted < none - 0.5, (weighted, none)
+
+
+@pytest.mark.parametrize("weight", [0.0, -0.5, 1.5])
+def test_prompt_loss_weight_out_of_range_is_refused(weight):
+    from sqlrl.params import ParamsError
+
+    with pytest.raises(ParamsError, match="prompt_loss_weight"):
+        _params(prompt_loss_weight=weight)
