@@ -24,6 +24,7 @@ from pathlib import Path
 from sqlrl.params import GrpoParams
 
 DVCLIVE_DIR = "dvclive/grpo"
+PROMPTS_PATH = "data/grpo_prompts.jsonl"   # the grpo_prompts stage's output
 CHECKPOINT_DIR = "checkpoints/grpo"   # git- and DVC-ignored; survives an interrupted stage
 
 
@@ -114,6 +115,18 @@ def select_prompts(rows: list[dict], params: GrpoParams, seed: int, executor,
     if not rows:
         raise ValueError(f"GRPO prompt selection kept no prompt: {stats.as_metrics()}")
     return rows, stats
+
+
+def reward_functions(params: GrpoParams) -> list:
+    """[execution, syntax] rewards as the profile configures them; the same in prompt selection
+    and in training, so a prompt's pass rate is measured by the reward it is trained on."""
+    from sqlrl.executor import ExecLimits
+    from sqlrl.paths import SPIDER_DIR
+    from sqlrl.rewards import make_rewards
+    from sqlrl.spider import load_schemas
+
+    schemas = load_schemas(SPIDER_DIR / "tables.json") if params.schema_repair else None
+    return list(make_rewards(ExecLimits(timeout_s=params.reward_timeout_s), schemas=schemas))
 
 
 class StepTimer:

@@ -27,6 +27,9 @@ def test_smoke_run_writes_sane_metrics(smoke_repo):
     assert 0 < prepared["train"]["sft"] <= 48
     sft = _metrics(smoke_repo, "sft")
     assert sft["steps"] > 0 and sft["final_loss"] > 0
+    prompts = _metrics(smoke_repo, "grpo_prompts")
+    assert prompts["candidates"] == prepared["train"]["grpo"]
+    assert 0 < prompts["kept"] == _metrics(smoke_repo, "grpo")["train_prompts"]
     for name in ("base", "sft", "final"):
         report = _metrics(smoke_repo, f"eval_{name}")
         assert report["n"] + report["skipped"] == prepared["dev"]["examples"]
@@ -53,6 +56,16 @@ def test_second_repro_does_nothing_and_params_rerun_only_their_stages(smoke_repo
         params_file.write_text(yaml.safe_dump(params, sort_keys=False))
         changed = json.loads(_run(["dvc", "status", "--json"], smoke_repo))
         assert set(changed) == {"evaluate@base", "evaluate@sft", "evaluate@final"}
+        # a GRPO variant reuses the selected prompts (the pass-rate filter samples the SFT model)
+        params = yaml.safe_load(original)
+        params["grpo"]["steps"] += 1
+        params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+        assert set(json.loads(_run(["dvc", "status", "--json"], smoke_repo))) == {"grpo"}
+        params = yaml.safe_load(original)
+        params["grpo"]["pass_rate_filter"]["min_rate"] = 0.5
+        params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+        changed = json.loads(_run(["dvc", "status", "--json"], smoke_repo))
+        assert set(changed) == {"grpo_prompts", "grpo"}
         params = yaml.safe_load(original)
         params["prepare"]["sample_rows"] = 1
         params["prepare"]["schema_format"] = "ddl"
@@ -81,7 +94,8 @@ def test_a_second_run_from_scratch_gives_identical_metrics_and_predictions(smoke
 
     again = make_smoke_repo(tmp_path_factory.mktemp("repo_again"))
     names = sorted(p.name for p in (smoke_repo / "metrics").glob("*.json"))
-    assert {"prepare.json", "sft.json", "grpo.json", "eval_final.json"} <= set(names)
+    assert {"prepare.json", "sft.json", "grpo_prompts.json", "grpo.json",
+            "eval_final.json"} <= set(names)
     for name in names:
         first = json.loads((smoke_repo / "metrics" / name).read_text())
         second = json.loads((again / "metrics" / name).read_text())
