@@ -30,7 +30,8 @@ class ParamsError(ValueError):
 @dataclass(frozen=True)
 class AugmentParams:
     """Schema-grounding augmentation of sft.jsonl (sqlrl/augment.py); copies: 0 = off."""
-    copies: int                # augmented copies of each training example, added to sft.jsonl
+    copies: float              # augmented copies per training example, added to sft.jsonl; a
+                               # fraction copies that share of the examples (0.5: a seeded half)
     shuffle_schema: bool       # tables and columns in a random order in the copies
     rename_prob: float         # per-name probability of a consistent rename in the copies
 

@@ -157,7 +157,8 @@ def prepare(params: PrepareParams, seed: int, root: Path = REPO_ROOT) -> dict:
 
 def augment_rows(sft_rows: list[dict], train: list[Example], schemas: dict[str, Schema],
                  params: PrepareParams, seed: int) -> dict:
-    """Append `params.augment.copies` schema-grounding copies of each training example."""
+    """Append `params.augment.copies` schema-grounding copies of each training example (a
+    fractional part copies a seeded sample of the examples)."""
     aug = params.augment
     if aug.copies == 0 or not (aug.shuffle_schema or aug.rename_prob > 0):
         return {"copies": 0}
@@ -166,8 +167,9 @@ def augment_rows(sft_rows: list[dict], train: list[Example], schemas: dict[str, 
                           "from the real database, under the real names)")
     augmenter = Augmenter(aug.shuffle_schema, aug.rename_prob,
                           name_pools(schemas[ex.db_id] for ex in train), seed)
-    for copy in range(aug.copies):
-        for i, ex in enumerate(train):
+    for copy, indices in enumerate(_copy_rounds(len(train), aug.copies, seed)):
+        for i in indices:
+            ex = train[i]
             schema, question, sql = augmenter.augment(schemas[ex.db_id], ex.question, ex.query,
                                                       f"{i}:{copy}")
             if params.mark_schema_mentions:
@@ -177,3 +179,14 @@ def augment_rows(sft_rows: list[dict], train: list[Example], schemas: dict[str, 
             sft_rows.append({"prompt": messages, "completion": completion_message(sql),
                              "db_id": ex.db_id})
     return {"copies": aug.copies, **augmenter.stats.as_dict()}
+
+
+def _copy_rounds(n: int, copies: float, seed: int) -> list[list[int]]:
+    """Example indices per round of copies: all of them in each whole round, then a seeded
+    sample of round(fraction * n) in original order (so 0.5 keeps originals at 2/3 of the data)."""
+    whole = int(copies)
+    rounds = [list(range(n)) for _ in range(whole)]
+    part = round((copies - whole) * n)
+    if part:
+        rounds.append(sorted(random.Random(f"{seed}:augment-sample").sample(range(n), part)))
+    return rounds

@@ -77,26 +77,48 @@ def test_schema_mentions_are_marked():
     assert marked.endswith("Schema mentions: head.born_state.")
 
 
-def test_prepare_adds_augmented_copies_to_sft_only(tmp_path, spider_dir):
-    root = tmp_path
-    out = root / "data" / "raw" / "spider"
-    (out / "database").mkdir(parents=True)
-    db = "department_management"
+def _one_database_root(tmp_path, spider_dir, db="department_management"):
+    """A repo root whose raw Spider holds one database (prepare runs in seconds)."""
+    out = tmp_path / "data" / "raw" / "spider"
+    (out / "database" / db).mkdir(parents=True)
     (out / "tables.json").write_text(json.dumps(
         [t for t in json.loads((spider_dir / "tables.json").read_text()) if t["db_id"] == db]))
     for name in ("train_spider.json", "dev.json"):
         items = [e for e in json.loads((spider_dir / name).read_text()) if e["db_id"] == db]
         (out / name).write_text(json.dumps(items))
-    (out / "database" / db).mkdir()
     (out / "database" / db / f"{db}.sqlite").write_bytes(
         (spider_dir / "database" / db / f"{db}.sqlite").read_bytes())
+    return tmp_path
+
+
+def _prepare_with_copies(root, copies, rename_prob=0.5):
     base = load_params().prepare
     params = dataclasses.replace(
         base, heldout_fraction=0.0, mark_schema_mentions=False,
-        augment=dataclasses.replace(base.augment, copies=2, shuffle_schema=True, rename_prob=0.5))
+        augment=dataclasses.replace(base.augment, copies=copies, shuffle_schema=True,
+                                    rename_prob=rename_prob))
     metrics = prepare(params, 42, root)
     read = lambda n: [json.loads(l) for l in open(root / "data/prepared" / n)]  # noqa: E731
-    sft, grpo = read("sft.jsonl"), read("grpo.jsonl")
+    return metrics, read("sft.jsonl"), read("grpo.jsonl")
+
+
+def test_prepare_adds_augmented_copies_to_sft_only(tmp_path, spider_dir):
+    metrics, sft, grpo = _prepare_with_copies(_one_database_root(tmp_path, spider_dir), 2)
     assert len(sft) == 3 * len(grpo)
     assert [r["prompt"] for r in sft[:len(grpo)]] == [r["prompt"] for r in grpo]
     assert metrics["augment"]["copies"] == 2 and metrics["augment"]["renamed"] > 0
+
+
+def test_fractional_copies_augment_a_seeded_share_of_the_examples(tmp_path, spider_dir):
+    root = _one_database_root(tmp_path, spider_dir)
+    metrics, sft, grpo = _prepare_with_copies(root, 1.5)
+    n = len(grpo)
+    assert len(sft) == 2 * n + round(0.5 * n) and metrics["augment"]["examples"] == len(sft) - n
+    assert _prepare_with_copies(root, 1.5)[1] == sft  # same seed, same rows
+    # shuffle only: each copy keeps its example's question, so the half-round's examples show;
+    # they are distinct, and a sample rather than the first half again
+    _, sft, grpo = _prepare_with_copies(root, 0.5, rename_prob=0.0)
+    copied = [next(i for i, g in enumerate(grpo) if g["question"] in r["prompt"][-1]["content"])
+              for r in sft[n:]]
+    assert len(copied) == len(set(copied)) == round(0.5 * n)
+    assert copied != list(range(len(copied)))
