@@ -178,7 +178,7 @@ def rename_question(question: str, mapping: dict[str, str]) -> tuple[str, int]:
     for low in sorted(mapping, key=len, reverse=True):
         new = mapping[low]
         variants = {low, low.replace("_", " ")}
-        for variant in sorted(variants, key=len, reverse=True):
+        for variant in sorted(variants, key=lambda v: (-len(v), v)):  # not set order: seeded runs
             if len(variant) < 2:
                 continue
             pattern = re.compile(r"(?<![\w])" + re.escape(variant) + r"(?:e?s)?(?![\w])",

@@ -3,7 +3,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -122,3 +126,20 @@ def test_fractional_copies_augment_a_seeded_share_of_the_examples(tmp_path, spid
               for r in sft[n:]]
     assert len(copied) == len(set(copied)) == round(0.5 * n)
     assert copied != list(range(len(copied)))
+
+
+def test_augmented_rows_do_not_depend_on_the_hash_seed(tmp_path, spider_dir):
+    """A rerun of prepare (a new process, a new PYTHONHASHSEED) writes the same sft.jsonl."""
+    root = _one_database_root(tmp_path, spider_dir)
+    code = ("import sys, dataclasses; from pathlib import Path; from sqlrl.params import load_params; "
+            "from sqlrl.prepare import prepare; b = load_params().prepare; "
+            "prepare(dataclasses.replace(b, heldout_fraction=0.0, mark_schema_mentions=True, "
+            "augment=dataclasses.replace(b.augment, copies=2, shuffle_schema=True, "
+            "rename_prob=0.5)), 42, Path(sys.argv[1]))")
+    outputs = []
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        subprocess.run([sys.executable, "-c", code, str(root)], check=True, env=env,
+                       cwd=Path(__file__).resolve().parents[1])
+        outputs.append((root / "data/prepared/sft.jsonl").read_bytes())
+    assert outputs[0] == outputs[1]
