@@ -80,7 +80,8 @@ def pass_rate_filter(rows: list[dict], rates: list[float], min_rate: float, max_
 
 def sampled_pass_rates(rows: list[dict], generator, tokenizer, samples: int,
                        temperature: float, seed: int, reward_fn) -> list[float]:
-    """Share of `samples` completions per prompt that the execution reward scores 1."""
+    """Share of `samples` completions per prompt that the execution reward scores 1 (solved;
+    partial credit for a query that merely runs does not count)."""
     from sqlrl.prompts import render_prompt
 
     prompts = [render_prompt(tokenizer, row["prompt"]) for row in rows]
@@ -89,7 +90,7 @@ def sampled_pass_rates(rows: list[dict], generator, tokenizer, samples: int,
     for row, group in zip(rows, groups):
         columns = {k: [v] * len(group) for k, v in row.items() if k != "prompt"}
         rewards = reward_fn(group, **columns)  # the row's columns, as TRL passes them
-        rates.append(sum(rewards) / len(rewards))
+        rates.append(sum(r == 1.0 for r in rewards) / len(rewards))
     return rates
 
 
@@ -126,7 +127,8 @@ def reward_functions(params: GrpoParams) -> list:
     from sqlrl.spider import load_schemas
 
     schemas = load_schemas(SPIDER_DIR / "tables.json") if params.schema_repair else None
-    return list(make_rewards(ExecLimits(timeout_s=params.reward_timeout_s), schemas=schemas))
+    return list(make_rewards(ExecLimits(timeout_s=params.reward_timeout_s), schemas=schemas,
+                             executable_credit=params.executable_credit))
 
 
 class StepTimer:
@@ -154,19 +156,34 @@ class StepTimer:
         return timed
 
 
+def use_vllm(params: GrpoParams) -> bool:
+    """grpo.use_vllm where vLLM is installed; otherwise transformers rollouts, with a warning
+    (TRL would raise an ImportError from deep inside the trainer)."""
+    from sqlrl.generate import vllm_available
+
+    if params.use_vllm and not vllm_available():
+        print("grpo: grpo.use_vllm is set but vLLM is not installed (pip install -r "
+              "requirements-gpu.txt on a CUDA machine); rolling out with transformers",
+              file=sys.stderr)
+        return False
+    return params.use_vllm
+
+
 def grpo_config(params: GrpoParams, seed: int, output_dir: str, max_steps: int | None = None):
-    """TRL's GRPOConfig from params; bf16 and gradient checkpointing always explicit."""
+    """TRL's GRPOConfig from params; bf16 and gradient checkpointing always explicit. One
+    generation round per optimizer step: batch_size * grad_accum completions per device."""
     from trl import GRPOConfig
 
     return GRPOConfig(
         output_dir=output_dir, max_steps=max_steps or params.steps, seed=seed,
         learning_rate=params.learning_rate, per_device_train_batch_size=params.batch_size,
+        gradient_accumulation_steps=params.grad_accum,
         num_generations=params.num_generations, temperature=params.temperature,
         max_completion_length=params.max_completion_length, loss_type=params.loss_type,
         beta=params.beta, epsilon=params.epsilon, epsilon_high=params.epsilon_high,
         scale_rewards=params.scale_rewards, num_iterations=params.num_iterations,
         reward_weights=[params.reward_weights.execution, params.reward_weights.syntax],
-        use_vllm=params.use_vllm, vllm_mode=params.vllm_mode,
+        use_vllm=use_vllm(params), vllm_mode=params.vllm_mode,
         bf16=params.bf16, gradient_checkpointing=params.gradient_checkpointing,
         logging_steps=params.logging_steps, save_steps=params.save_steps, save_total_limit=2,
         report_to="none", disable_tqdm=False, remove_unused_columns=False,
@@ -227,13 +244,11 @@ def summarize_log(history: list[dict], timer: StepTimer, steps: int, wall_s: flo
 
 def train_grpo(params: GrpoParams, seed: int, sft_dir: str | Path, rows: list[dict],
                out_dir: str | Path, reward_funcs: list, checkpoint_dir: str | Path = CHECKPOINT_DIR,
-               dvclive_dir: str = DVCLIVE_DIR) -> dict:
+               dvclive_dir: str | None = DVCLIVE_DIR) -> dict:
     """Train the LoRA adapter on `rows` (prompt, gold_sql, db_path, ...) and save it to out_dir.
     Every column reaches the reward functions (TRL passes them as keyword arguments)."""
     from datasets import Dataset
-    from dvclive import Live
     from transformers import set_seed
-    from transformers.integrations import DVCLiveCallback
     from trl import GRPOTrainer
 
     from sqlrl.modeling import load_model_and_tokenizer
@@ -245,12 +260,17 @@ def train_grpo(params: GrpoParams, seed: int, sft_dir: str | Path, rows: list[di
     resume_from = last_checkpoint(checkpoint_dir) if params.resume else None
     if not params.resume:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
-    live = Live(dvclive_dir, dvcyaml=False, save_dvc_exp=False, resume=bool(resume_from))
+    live, callbacks = None, []
+    if dvclive_dir:  # optional: the GPU rehearsal runs where dvclive is not installed
+        from dvclive import Live
+        from transformers.integrations import DVCLiveCallback
+        live = Live(dvclive_dir, dvcyaml=False, save_dvc_exp=False, resume=bool(resume_from))
+        callbacks.append(DVCLiveCallback(live=live))
+    args = grpo_config(params, seed, str(checkpoint_dir))
     trainer = GRPOTrainer(
         model=model, reward_funcs=[timer.wrap_reward(f) for f in reward_funcs],
-        args=grpo_config(params, seed, str(checkpoint_dir)), train_dataset=dataset,
-        processing_class=tokenizer, peft_config=lora_config(params),
-        callbacks=[DVCLiveCallback(live=live)])
+        args=args, train_dataset=dataset, processing_class=tokenizer,
+        peft_config=lora_config(params), callbacks=callbacks)
     if hasattr(trainer, "_generate_and_score_completions"):
         trainer._generate_and_score_completions = timer.wrap_rollout(
             trainer._generate_and_score_completions)
@@ -264,9 +284,14 @@ def train_grpo(params: GrpoParams, seed: int, sft_dir: str | Path, rows: list[di
     tokenizer.save_pretrained(tmp)
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)
-    live.end()
+    if live is not None:
+        live.end()
     metrics = summarize_log(trainer.state.log_history, timer, trainer.state.global_step, wall)
     metrics["resumed_from"] = Path(resume_from).name if resume_from else None
+    world = trainer.accelerator.num_processes
+    metrics.update(world_size=world, prompts_per_step=params.prompts_per_step(world),
+                   completions_per_step=params.batch_size * params.grad_accum * world,
+                   use_vllm=bool(args.use_vllm))
     print(f"grpo: reward {metrics['first_mean_reward']} -> {metrics['final_mean_reward']} "
           f"over {metrics['steps']} steps", file=sys.stderr)
     return metrics

@@ -9,6 +9,7 @@ import shutil
 from pathlib import Path
 
 from sqlrl.modeling import load_model_and_tokenizer
+from sqlrl.prompt_settings import PROMPT_SETTINGS_FILE
 
 
 def merge_adapter(sft_dir: str | Path, adapter_dir: str | Path, out_dir: str | Path) -> dict:
@@ -24,7 +25,11 @@ def merge_adapter(sft_dir: str | Path, adapter_dir: str | Path, out_dir: str | P
     shutil.rmtree(tmp, ignore_errors=True)
     merged.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
+    settings = Path(sft_dir) / PROMPT_SETTINGS_FILE  # the prompts it was trained on, for serving
+    if settings.is_file():
+        shutil.copy2(settings, tmp / PROMPT_SETTINGS_FILE)
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)  # a half-written model never sits at out_dir
     return {"sft": str(sft_dir), "adapter": str(adapter_dir),
-            "parameters": sum(p.numel() for p in merged.parameters())}
+            "parameters": sum(p.numel() for p in merged.parameters()),
+            "dtype": str(merged.dtype).removeprefix("torch.")}  # the SFT model's (bf16 for Qwen)

@@ -5,7 +5,8 @@
   revision, dtype, parameter count), so the weights are never copied into the DVC cache.
   `base.model_id` may also be a local folder standing in for a hub id (tests, air-gapped use).
 - scratch (`base.source: scratch`): a byte-level BPE tokenizer trained on the prepared training
-  text with Qwen2's own normalizer and pre-tokenizer and a ChatML chat template like Qwen's,
+  text with Qwen2's own normalizer and pre-tokenizer and a ChatML chat template like Qwen's
+  (or, with `base.tokenizer: qwen2.5`, Qwen2.5's real tokenizer, for the rehearsal profile),
   and a Qwen2-architecture model initialised (seeded) from `base.architecture`. Both are saved
   with `save_pretrained`; the Auto classes reload them, with the same token ids whichever
   loader (transformers or the tokenizers library) is used.
@@ -139,8 +140,12 @@ def build_scratch(params: BaseParams, seed: int, sft_jsonl: str | Path, out_dir:
     """Train the tokenizer, build the model, save both into out_dir; return metrics."""
     out_dir = Path(out_dir)
     arch = params.architecture
-    raw = train_tokenizer(training_texts(sft_jsonl), arch.vocab_size)
-    tokenizer = to_transformers_tokenizer(raw)
+    if params.tokenizer == "qwen2.5":  # the reference model's own (the GPU path rehearsed)
+        from sqlrl.qwen_tokenizer import build_qwen25_tokenizer
+        tokenizer = build_qwen25_tokenizer()
+    else:
+        tokenizer = to_transformers_tokenizer(train_tokenizer(training_texts(sft_jsonl),
+                                                              arch.vocab_size))
     model = build_scratch_model(arch, tokenizer, seed, params.dtype)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
@@ -148,6 +153,7 @@ def build_scratch(params: BaseParams, seed: int, sft_jsonl: str | Path, out_dir:
     n = n_parameters(model)
     embed = model.get_input_embeddings().weight.numel()
     record = {"source": "scratch", "model_type": "qwen2", "dtype": params.dtype,
+              "tokenizer": params.tokenizer,
               "n_params": n, "n_params_non_embedding": n - embed, "vocab_size": len(tokenizer)}
     (out_dir / BASE_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record
@@ -257,8 +263,8 @@ def load_model_and_tokenizer(model_dir: str | Path, dtype: str | None = None,
 
     path, _ = model_location(model_dir)
     record = read_base_record(model_dir) or {}
-    dtype = dtype or record.get("dtype") or "float32"
-    kwargs = {"dtype": getattr(torch, dtype)}
+    dtype = dtype or record.get("dtype") or "auto"  # auto: the dtype the folder was saved in
+    kwargs = {"dtype": dtype if dtype == "auto" else getattr(torch, dtype)}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)

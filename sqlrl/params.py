@@ -21,6 +21,8 @@ from sqlrl.paths import REPO_ROOT
 PARAMS_FILE = REPO_ROOT / "params.yaml"
 CONF_DIR = REPO_ROOT / "conf"
 SCHEMA_FORMATS = ("compact", "ddl")
+DTYPES = ("float32", "bfloat16", "float16")
+TOKENIZERS = ("trained", "qwen2.5")
 
 
 class ParamsError(ValueError):
@@ -54,6 +56,9 @@ class PrepareParams:
     system_prompt: str
     augment: AugmentParams
     mark_schema_mentions: bool  # append the schema names the question mentions (all splits)
+    # DDL sample rows: a database whose prompt would pass this many tokens (Qwen2.5's
+    # tokenizer) gets fewer sample rows, down to none; 0 = no limit
+    max_prompt_tokens: int
 
     def __post_init__(self):
         if self.schema_format not in SCHEMA_FORMATS:
@@ -62,7 +67,8 @@ class PrepareParams:
         if not 0.0 <= self.heldout_fraction < 1.0:
             raise ParamsError(f"prepare.heldout_fraction must be in [0, 1), "
                               f"got {self.heldout_fraction}")
-        for name in ("sample_rows", "max_train_examples", "max_dev_examples"):
+        for name in ("sample_rows", "max_train_examples", "max_dev_examples",
+                     "max_prompt_tokens"):
             if getattr(self, name) < 0:
                 raise ParamsError(f"prepare.{name} must be >= 0")
 
@@ -84,12 +90,18 @@ class BaseParams:
     source: str                # "hub" (pretrained, pinned) or "scratch" (built from params)
     model_id: str              # hub repo id or a local folder standing in for one
     revision: str              # pinned commit of the hub repo
-    dtype: str                 # "float32" | "bfloat16"
+    dtype: str                 # "float32" | "bfloat16": the dtype every model folder is saved in
+    tokenizer: str             # scratch only: "trained" (BPE on the training text) | "qwen2.5"
     architecture: ArchitectureParams
 
     def __post_init__(self):
         if self.source not in ("hub", "scratch"):
             raise ParamsError(f"base.source must be 'hub' or 'scratch', got {self.source!r}")
+        if self.dtype not in DTYPES:
+            raise ParamsError(f"base.dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if self.tokenizer not in TOKENIZERS:
+            raise ParamsError(f"base.tokenizer must be one of {TOKENIZERS}, "
+                              f"got {self.tokenizer!r}")
 
 
 @dataclass(frozen=True)
@@ -150,9 +162,10 @@ class PassRateFilter:
 
 @dataclass(frozen=True)
 class GrpoParams:
-    steps: int
+    steps: int                 # optimizer steps
     learning_rate: float
-    batch_size: int            # completions per optimizer step (per device)
+    batch_size: int            # completions per forward/backward pass (per device)
+    grad_accum: int            # passes per optimizer step (and per generation round)
     num_generations: int       # group size
     temperature: float
     max_completion_length: int
@@ -164,6 +177,7 @@ class GrpoParams:
     num_iterations: int
     reward_weights: RewardWeights
     reward_timeout_s: float    # wall-time limit per executed query
+    executable_credit: float   # reward of a query that runs but is wrong (Arctic-Text2SQL-R1: 0.1)
     schema_repair: bool        # reward the schema-repaired SQL (as eval.schema_repair scores it)
     drop_empty_gold: bool      # drop prompts whose gold result is empty (or only 0/NULL)
     pass_rate_filter: PassRateFilter
@@ -182,6 +196,15 @@ class GrpoParams:
                               f"grpo.num_generations ({self.num_generations})")
         if self.scale_rewards not in ("group", "batch", "none"):
             raise ParamsError(f"grpo.scale_rewards must be group, batch or none")
+        if self.grad_accum < 1:
+            raise ParamsError(f"grpo.grad_accum must be >= 1, got {self.grad_accum}")
+        if not 0.0 <= self.executable_credit < 1.0:
+            raise ParamsError(f"grpo.executable_credit must be in [0, 1), "
+                              f"got {self.executable_credit}")
+
+    def prompts_per_step(self, world_size: int = 1) -> int:
+        """Distinct questions in one optimizer step: TRL's batch sizes are per device."""
+        return self.batch_size * self.grad_accum * world_size // self.num_generations
 
 
 @dataclass(frozen=True)

@@ -28,24 +28,58 @@ from sqlrl.spider import (Example, Schema, SpiderDataError, database_path, load_
 
 @dataclass
 class PromptFactory:
-    """Builds prompts, serialising each database's schema once."""
+    """Builds prompts, serialising each database's schema once.
+
+    With `max_prompt_tokens`, a DDL schema whose prompt would not fit gets fewer sample rows
+    (down to none), decided per database so training, evaluation and serving agree; the
+    question gets QUESTION_TOKENS of the budget. `sample_rows_used` records the reductions.
+    """
     params: PrepareParams
     schemas: dict[str, Schema]
     spider_dir: Path
 
     def __post_init__(self):
         self._schema_text: dict[str, str] = {}
+        self.sample_rows_used: dict[str, int] = {}   # db_id -> rows, where fewer than asked
 
     def messages(self, example: Example) -> list[dict]:
-        if example.db_id not in self._schema_text:
-            self._schema_text[example.db_id] = serialize_schema(
-                self.schemas[example.db_id], self.params.schema_format,
-                database_path(self.spider_dir, example.db_id), self.params.sample_rows)
         question = example.question
         if self.params.mark_schema_mentions:
             question = mark_question(question, self.schemas[example.db_id])
-        return build_messages(self._schema_text[example.db_id], question,
+        return build_messages(self.schema_text(example.db_id), question,
                               self.params.system_prompt)
+
+    def schema_text(self, db_id: str) -> str:
+        if db_id not in self._schema_text:
+            self._schema_text[db_id] = self._fitting_schema(db_id)
+        return self._schema_text[db_id]
+
+    def _fitting_schema(self, db_id: str) -> str:
+        schema, db_path = self.schemas[db_id], database_path(self.spider_dir, db_id)
+        p = self.params
+        rows = p.sample_rows if p.schema_format == "ddl" else 0
+        while True:
+            text = serialize_schema(schema, p.schema_format, db_path, rows)
+            if rows == 0 or p.max_prompt_tokens == 0 or \
+                    prompt_tokens(text, p.system_prompt) + QUESTION_TOKENS <= p.max_prompt_tokens:
+                break
+            rows -= 1
+        if rows < p.sample_rows and p.schema_format == "ddl":
+            self.sample_rows_used[db_id] = rows
+        return text
+
+
+QUESTION_TOKENS = 128  # budget kept for the question (Spider's longest is about 60 tokens)
+
+
+def prompt_tokens(schema_text: str, system_prompt: str, question: str = "") -> int:
+    """Tokens of the rendered chat prompt (with the assistant header), by Qwen2.5's tokenizer:
+    the reference model's, available offline (sqlrl/qwen_tokenizer.py)."""
+    from sqlrl.qwen_tokenizer import build_qwen25_tokenizer
+
+    messages = build_messages(schema_text, question or "?", system_prompt)
+    return len(build_qwen25_tokenizer().apply_chat_template(
+        messages, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"])
 
 
 def split_heldout(examples: list[Example], fraction: float, seed: int):
@@ -81,6 +115,21 @@ def _length_stats(texts: list[str]) -> dict:
     return {"n": len(chars), "mean_chars": round(statistics.fmean(chars), 1),
             "p50_chars": chars[len(chars) // 2], "p95_chars": chars[int(0.95 * (len(chars) - 1))],
             "max_chars": chars[-1]}
+
+
+def _token_stats(sft_rows: list[dict]) -> dict:
+    """Tokens of each SFT row (prompt, assistant header, SQL, <|im_end|>) by Qwen2.5's
+    tokenizer, so sft.max_length can be checked against the data before training."""
+    from sqlrl.qwen_tokenizer import build_qwen25_tokenizer
+
+    tokenizer = build_qwen25_tokenizer()
+    lengths = sorted(len(tokenizer.apply_chat_template(
+        r["prompt"] + r["completion"], tokenize=True, return_dict=True)["input_ids"])
+        for r in sft_rows)
+    if not lengths:
+        return {"n": 0}
+    return {"n": len(lengths), "p50": lengths[len(lengths) // 2],
+            "p95": lengths[int(0.95 * (len(lengths) - 1))], "max": lengths[-1]}
 
 
 def _write_jsonl(path: Path, rows: list[dict]) -> None:
@@ -151,6 +200,8 @@ def prepare(params: PrepareParams, seed: int, root: Path = REPO_ROOT) -> dict:
             "dev": _length_stats([r["prompt"][1]["content"] for r in dev_rows if r["prompt"]]),
         },
         "schema_format": params.schema_format,
+        "sample_rows_reduced": dict(sorted(prompts.sample_rows_used.items())),
+        **({"sft_tokens": _token_stats(sft_rows)} if params.max_prompt_tokens else {}),
         "augment": augment_stats,
     }
 

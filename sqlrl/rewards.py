@@ -331,21 +331,25 @@ def _count(completions) -> int:
 
 def make_rewards(limits: ExecLimits | None = None, workers: int | None = None,
                  keep_distinct: bool = False, backend: str = "process",
-                 schemas: dict | None = None):
+                 schemas: dict | None = None, executable_credit: float = 0.0):
     """(execution_reward, syntax_reward) sharing one judge pool; see the module docstring.
     With `schemas` (db_id -> Schema), the SQL is schema-repaired before it is judged, using
-    the batch's db_id and question columns (grpo.schema_repair)."""
+    the batch's db_id and question columns (grpo.schema_repair). `executable_credit` is the
+    execution reward of SQL that runs but returns the wrong result (Arctic-Text2SQL-R1: 0.1)."""
+    if not 0.0 <= executable_credit < 1.0:
+        raise ValueError(f"executable_credit must be in [0, 1), got {executable_credit}")
     state = _Rewards(JudgePool(limits, workers, keep_distinct, backend, shortcuts=True),
                      schemas)
 
     def execution_reward(completions, db_path, gold_sql, **kwargs) -> list[float | None]:
-        """1.0 if the completion's SQL returns the gold result, 0.0 if not, None if the
-        database is absent."""
+        """1.0 if the completion's SQL returns the gold result, `executable_credit` if it
+        runs, else 0.0; None if the database is absent."""
         judgements = state.judge(completions, db_path, gold_sql, kwargs)
         if judgements is None:
             return [0.0] * _count(completions)
         state.record(judgements, kwargs.get("log_metric"))
-        return [None if j.status == "skipped" else float(j.match) for j in judgements]
+        return [None if j.status == "skipped" else 1.0 if j.match
+                else executable_credit if j.pred_status == "ok" else 0.0 for j in judgements]
 
     def syntax_reward(completions, db_path, gold_sql=None, **kwargs) -> list[float | None]:
         """1.0 if the completion's SQL executes (any result), 0.0 if not, None if the

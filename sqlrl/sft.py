@@ -24,6 +24,10 @@ from pathlib import Path
 from sqlrl.modeling import load_model_and_tokenizer, n_parameters
 from sqlrl.params import SftParams
 
+
+class SftDataError(ValueError):
+    """Training rows would be cut or dropped by sft.max_length; the message says which."""
+
 DVCLIVE_DIR = "dvclive/sft"
 _SUMMARY_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second",
                  "total_flos", "train_loss")
@@ -140,6 +144,20 @@ def _trainer_class():
     return CompletionLogitsSFTTrainer
 
 
+def check_rows_fit(rows_in: int, prepared_lengths: list[int], max_length: int) -> dict:
+    """Rows in vs rows TRL will train on. TRL cuts rows longer than max_length and drops the
+    ones whose answer was cut away, without a word; a cut or dropped row is an error here."""
+    dropped = rows_in - len(prepared_lengths)
+    cut = sum(n >= max_length for n in prepared_lengths)  # at the limit: cut (or exactly full)
+    if dropped or cut:
+        raise SftDataError(
+            f"{dropped + cut} of {rows_in} SFT rows do not fit sft.max_length={max_length} "
+            f"tokens ({dropped} dropped by TRL, {cut} cut at the limit, their SQL incomplete): "
+            f"raise sft.max_length or lower prepare.max_prompt_tokens / prepare.sample_rows")
+    return {"rows_trained": len(prepared_lengths),
+            "max_row_tokens": max(prepared_lengths, default=0)}
+
+
 def _weighted_prompt_loss(params: SftParams) -> bool:
     """The prompt is trained on with a weight below a completion token's."""
     return not params.completion_only_loss and params.prompt_loss_weight < 1.0
@@ -190,6 +208,7 @@ def train_sft(params: SftParams, seed: int, base_dir: str | Path, data_path: str
     SFTTrainer = _trainer_class()
     model, tokenizer = load_model_and_tokenizer(base_dir,
                                                 attn_implementation=params.attn_implementation)
+    save_dtype = model.dtype
     model.config.use_cache = False
     dataset = load_sft_dataset(data_path)
     callbacks = [_throughput_callback()]
@@ -203,6 +222,9 @@ def train_sft(params: SftParams, seed: int, base_dir: str | Path, data_path: str
         trainer = SFTTrainer(model=model, args=args, train_dataset=dataset,
                              processing_class=tokenizer, callbacks=callbacks,
                              peft_config=lora_config(params) if params.use_lora else None)
+        rows = check_rows_fit(len(dataset), [len(ids) for ids in
+                                             trainer.train_dataset["input_ids"]],
+                              args.max_length)
         if _weighted_prompt_loss(params):
             trainer.prompt_loss_weight = params.prompt_loss_weight
         start = time.perf_counter()
@@ -212,6 +234,7 @@ def train_sft(params: SftParams, seed: int, base_dir: str | Path, data_path: str
     trained = trainer.model
     if params.use_lora:
         trained = trained.merge_and_unload()
+    trained = trained.to(save_dtype)  # the base model's dtype (bf16 for Qwen), not fp32
     trained.config.use_cache = True
     out_dir = Path(out_dir)
     shutil.rmtree(out_dir, ignore_errors=True)
@@ -225,6 +248,8 @@ def train_sft(params: SftParams, seed: int, base_dir: str | Path, data_path: str
         "steps": result.global_step,
         "epochs": trainer.state.epoch,
         "examples": len(dataset),
+        **rows,
+        "dtype": str(save_dtype).removeprefix("torch."),
         "wall_seconds": round(wall, 1),
         "train_tokens": tokens,
         "tokens_per_second": round(tokens / wall, 1) if tokens else None,

@@ -12,7 +12,7 @@ def main() -> int:
     except FileNotFoundError as exc:
         print(f"merge: {exc}", file=sys.stderr)
         return 1
-    print(f"merge: models/final written ({info['parameters']:,} parameters)")
+    print(f"merge: models/final written ({info['parameters']:,} parameters, {info['dtype']})")
     return 0
 
 

@@ -11,7 +11,8 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 from sqlrl.metrics import write_metrics  # noqa: E402
 from sqlrl.modeling import BaseModelError  # noqa: E402
 from sqlrl.params import ParamsError, load_params  # noqa: E402
-from sqlrl.sft import train_sft  # noqa: E402
+from sqlrl.prompt_settings import write_prompt_settings  # noqa: E402
+from sqlrl.sft import SftDataError, train_sft  # noqa: E402
 
 
 def main() -> int:
@@ -19,11 +20,14 @@ def main() -> int:
         params = load_params()
         metrics = train_sft(params.sft, params.seed, "models/base", "data/prepared/sft.jsonl",
                             "models/sft")
-    except (ParamsError, BaseModelError) as exc:
+        # the prompts this model was trained on, for the server (never the workspace's params)
+        write_prompt_settings("models/sft", params.prepare, params.eval.schema_repair)
+    except (ParamsError, BaseModelError, SftDataError) as exc:
         print(f"sft: {exc}", file=sys.stderr)
         return 1
     write_metrics("metrics/sft.json", metrics)
-    print(f"sft: {metrics['steps']} steps, final loss {metrics['final_loss']}, "
+    print(f"sft: {metrics['rows_trained']} of {metrics['examples']} rows trained (none cut), "
+          f"{metrics['steps']} steps, final loss {metrics['final_loss']}, "
           f"{metrics['wall_seconds']} s, {metrics['tokens_per_second']} tokens/s -> models/sft")
     return 0
 

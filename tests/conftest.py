@@ -22,11 +22,12 @@ def spider_dir():
     return SPIDER_DIR
 
 
-def make_smoke_repo(repo):
-    """A git + DVC copy of this checkout's files (not its outputs) in `repo`, after a smoke run.
+def make_smoke_repo(repo, profile: str = "smoke"):
+    """A git + DVC copy of this checkout's files (not its outputs) in `repo`, after a run of
+    the whole DAG with `profile`.
 
     Spider is pulled from the shared DVC remote like a newcomer would; the profile is chosen
-    with `dvc exp run -S profile=smoke`, which composes params.yaml from conf/ through Hydra.
+    with `dvc exp run -S profile=...`, which composes params.yaml from conf/ through Hydra.
     """
     files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO_ROOT,
                            capture_output=True, text=True, check=True).stdout.split()
@@ -45,7 +46,7 @@ def make_smoke_repo(repo):
     run_cli(["git", "commit", "-qm", "copy"], repo)
     run_cli(["dvc", "remote", "modify", "--local", "storage", "url", storage_url()], repo)
     run_cli(["dvc", "pull", "-q", "data/raw/spider.dvc"], repo)
-    run_cli(["dvc", "exp", "run", "-S", "profile=smoke"], repo)  # the whole DAG
+    run_cli(["dvc", "exp", "run", "-S", f"profile={profile}"], repo)  # the whole DAG
     return repo
 
 
@@ -53,6 +54,12 @@ def make_smoke_repo(repo):
 def smoke_repo(tmp_path_factory):
     """The smoke profile's whole pipeline, run once for the end-to-end tests."""
     return make_smoke_repo(tmp_path_factory.mktemp("repo"))
+
+
+@pytest.fixture(scope="session")
+def rehearsal_repo(tmp_path_factory):
+    """The reference profile rehearsed on a CPU (qwen-rehearsal), the whole DAG, once."""
+    return make_smoke_repo(tmp_path_factory.mktemp("rehearsal"), profile="qwen-rehearsal")
 
 
 @pytest.fixture(scope="session")

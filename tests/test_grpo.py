@@ -138,3 +138,59 @@ def test_merged_model_matches_base_plus_adapter(tiny_sft, tmp_path):
         plain = AutoModelForCausalLM.from_pretrained(tiny_sft)(ids).logits
     assert torch.allclose(merged, adapted, atol=1e-4)
     assert not torch.allclose(merged, plain, atol=1e-4)  # the adapter really changed something
+
+
+def test_merge_keeps_the_sft_models_dtype(tiny_sft, tmp_path):
+    """A bf16 SFT model (the reference) merges into a bf16 final model, half the size of fp32."""
+    from peft import LoraConfig, get_peft_model
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    bf16 = tmp_path / "sft_bf16"
+    AutoModelForCausalLM.from_pretrained(tiny_sft, dtype=torch.bfloat16).save_pretrained(bf16)
+    AutoTokenizer.from_pretrained(tiny_sft).save_pretrained(bf16)
+    model = AutoModelForCausalLM.from_pretrained(bf16)
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj"], task_type="CAUSAL_LM")
+    get_peft_model(model, config).save_pretrained(tmp_path / "adapter")
+    info = merge_adapter(bf16, tmp_path / "adapter", tmp_path / "final")
+    assert info["dtype"] == "bfloat16"
+    with safe_open(str(tmp_path / "final" / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+
+
+def test_use_vllm_without_vllm_falls_back_to_transformers_with_a_warning(tmp_path, capsys,
+                                                                          monkeypatch):
+    from sqlrl.grpo import grpo_config
+
+    monkeypatch.setitem(__import__("sys").modules, "vllm", None)  # `import vllm` fails
+    config = grpo_config(_grpo_params(use_vllm=True), 0, str(tmp_path))
+    assert config.use_vllm is False
+    assert "vLLM is not installed" in capsys.readouterr().err
+
+
+def test_gradient_accumulation_gives_several_questions_per_step(tmp_path):
+    """TRL generates batch_size * grad_accum completions per optimizer step: that many
+    divided by the group size are distinct questions."""
+    from sqlrl.grpo import grpo_config
+
+    params = _grpo_params(batch_size=8, grad_accum=16, num_generations=8)
+    config = grpo_config(params, 0, str(tmp_path))
+    assert config.generation_batch_size == 128 and config.steps_per_generation == 16
+    assert params.prompts_per_step() == 16 and params.prompts_per_step(world_size=2) == 32
+
+
+def test_pass_rate_counts_solved_samples_not_partial_credit():
+    from sqlrl.grpo import sampled_pass_rates
+
+    class Fixed:
+        def sample(self, prompts, n, temperature, seed):
+            return [["a"] * n for _ in prompts]
+
+    class Template:
+        def apply_chat_template(self, messages, **kwargs):
+            return "p"
+
+    rates = sampled_pass_rates([{"prompt": [], "gold_sql": "x", "db_path": "d"}], Fixed(),
+                               Template(), 4, 1.0, 0,
+                               lambda completions, **kw: [1.0, 0.1, 0.1, 0.0])
+    assert rates == [0.25]

@@ -31,6 +31,29 @@ def test_reference_profile_is_the_qwen_gpu_run():
     assert p.prepare.heldout_fraction == 0.0
 
 
+def test_reference_grpo_sees_many_questions_per_step_with_the_filter_on():
+    """One optimizer step must average over many questions, not one group (issue 16)."""
+    g = params_from_dict(compose_params("qwen2.5-coder-3b")).grpo
+    assert g.prompts_per_step() >= 8
+    assert g.pass_rate_filter.pool > 0 and g.pass_rate_filter.min_rate > 0
+
+
+def test_rehearsal_profile_keeps_the_reference_settings_a_cpu_can_run():
+    ref = params_from_dict(compose_params("qwen2.5-coder-3b"))
+    reh = params_from_dict(compose_params("qwen-rehearsal"))
+    assert (reh.base.source, reh.base.tokenizer, reh.base.dtype) == ("scratch", "qwen2.5",
+                                                                      "bfloat16")
+    for section in ("prepare", "sft", "grpo"):
+        a, b = getattr(ref, section), getattr(reh, section)
+        same = [k for k in ("schema_format", "sample_rows", "max_prompt_tokens", "max_length",
+                            "use_lora", "lora", "batch_size", "grad_accum", "num_generations",
+                            "max_completion_length", "temperature", "executable_credit",
+                            "gradient_checkpointing", "learning_rate", "loss_type")
+                if hasattr(a, k)]
+        assert [getattr(a, k) for k in same] == [getattr(b, k) for k in same], section
+    assert not (reh.sft.bf16 or reh.grpo.bf16 or reh.grpo.use_vllm)
+
+
 def test_cpu_profile_sets_cpu_settings_explicitly():
     p = params_from_dict(compose_params("cpu"))
     assert p.base.source == "scratch" and not p.sft.use_lora

@@ -165,3 +165,39 @@ def test_augmentation_with_sample_rows_is_refused(mini_root):
     aug = dataclasses.replace(base, copies=1, rename_prob=0.5)
     with pytest.raises(ParamsError, match="sample_rows"):
         prepare(_params(schema_format="ddl", sample_rows=1, augment=aug), seed=1, root=mini_root)
+
+
+def _largest_db_tokens(root, rows):
+    """The longest prompt per database in prepared rows, in Qwen2.5 tokens."""
+    from sqlrl.qwen_tokenizer import build_qwen25_tokenizer
+
+    tokenizer = build_qwen25_tokenizer()
+    longest: dict[str, int] = {}
+    for r in rows:
+        n = len(tokenizer.apply_chat_template(r["prompt"], tokenize=True, return_dict=True,
+                                              add_generation_prompt=True)["input_ids"])
+        longest[r["db_id"]] = max(longest.get(r["db_id"], 0), n)
+    return longest
+
+
+def test_max_prompt_tokens_trims_sample_rows_of_large_schemas_only(mini_root):
+    """A schema whose prompt would not fit gets fewer sample rows, in every split, and the
+    reductions are reported; schemas that fit keep all their rows."""
+    full = prepare(_params(schema_format="ddl", sample_rows=3), seed=1, root=mini_root)
+    longest = _largest_db_tokens(mini_root, _read(mini_root, "sft.jsonl"))
+    biggest = max(longest, key=longest.get)
+    budget = max(v for k, v in longest.items() if k != biggest) + 64
+    assert full["sample_rows_reduced"] == {}
+
+    metrics = prepare(_params(schema_format="ddl", sample_rows=3, max_prompt_tokens=budget),
+                      seed=1, root=mini_root)
+    assert set(metrics["sample_rows_reduced"]) == {biggest}
+    assert metrics["sample_rows_reduced"][biggest] < 3
+    rows = _read(mini_root, "sft.jsonl")
+    assert max(_largest_db_tokens(mini_root, rows).values()) <= budget
+    dev = [r for r in _read(mini_root, "dev.jsonl") if r["db_id"] == biggest and r["prompt"]]
+    train = [r for r in rows if r["db_id"] == biggest]
+    assert train and all(r["prompt"][1]["content"].split("\n\nQuestion:")[0] ==
+                         train[0]["prompt"][1]["content"].split("\n\nQuestion:")[0]
+                         for r in train + dev)  # one schema text per database, every split
+    assert metrics["sft_tokens"]["max"] > 0 and metrics["sft_tokens"]["n"] == len(rows)

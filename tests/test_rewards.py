@@ -206,3 +206,19 @@ def test_with_schema_repair_the_repaired_sql_is_rewarded(spider_dir, relative_db
     finally:
         execution.pool.close()
         plain.pool.close()
+
+
+def test_executable_credit_rewards_sql_that_runs_but_is_wrong(relative_db):
+    """grpo.executable_credit (Arctic-Text2SQL-R1: 0.1): right 1.0, runs 0.1, fails 0.0."""
+    execution, _ = make_rewards(ExecLimits(timeout_s=0.5), workers=1, executable_credit=0.1)
+    try:
+        scores = execution([GOLD, "SELECT name FROM singer", "SELECT nope FROM singer"],
+                           db_path=[relative_db] * 3, gold_sql=[GOLD] * 3)
+    finally:
+        execution.pool.close()
+    assert scores == [1.0, 0.1, 0.0]
+
+
+def test_executable_credit_out_of_range_is_refused():
+    with pytest.raises(ValueError, match="executable_credit"):
+        make_rewards(executable_credit=1.0)

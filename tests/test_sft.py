@@ -125,3 +125,38 @@ def test_prompt_loss_weight_out_of_range_is_refused(weight):
 
     with pytest.raises(ParamsError, match="prompt_loss_weight"):
         _params(prompt_loss_weight=weight)
+
+
+def test_rows_longer_than_max_length_fail_loudly_instead_of_vanishing(base_dir):
+    """TRL cuts rows past max_length and drops those whose answer is gone; here that is an
+    error that says how many rows and what to change, and nothing is written."""
+    from sqlrl.sft import SftDataError
+
+    out = base_dir / "out_too_long"
+    with pytest.raises(SftDataError, match=r"24 of 24 SFT rows do not fit sft.max_length=16"):
+        train_sft(_params(use_lora=False, max_length=16), 0, base_dir / "base",
+                  base_dir / "sft.jsonl", out, dvclive_dir=None)
+    assert not out.exists()
+
+
+def test_rows_trained_are_reported(base_dir):
+    metrics = train_sft(_params(use_lora=False), 0, base_dir / "base", base_dir / "sft.jsonl",
+                        base_dir / "out_counted", dvclive_dir=None)
+    assert metrics["examples"] == metrics["rows_trained"] == 24
+    assert 0 < metrics["max_row_tokens"] < 128
+
+
+def test_lora_on_a_bf16_base_saves_a_bf16_model(base_dir, tmp_path):
+    """The merged SFT model keeps the base model's dtype (bf16 for Qwen), not fp32."""
+    from safetensors import safe_open
+
+    base = dataclasses.replace(load_params().base, source="scratch", dtype="bfloat16",
+                               architecture=ARCH)
+    build_base(base, 0, base_dir / "sft.jsonl", tmp_path / "base")
+    params = _params(use_lora=True, lora=dataclasses.replace(
+        load_params().sft.lora, r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
+    metrics = train_sft(params, 0, tmp_path / "base", base_dir / "sft.jsonl", tmp_path / "sft",
+                        dvclive_dir=None)
+    assert metrics["dtype"] == "bfloat16"
+    with safe_open(str(tmp_path / "sft" / "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
