@@ -82,26 +82,49 @@ def prompt_tokens(schema_text: str, system_prompt: str, question: str = "") -> i
         messages, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"])
 
 
-def split_heldout(examples: list[Example], fraction: float, seed: int):
-    """Keep `fraction` of each database's questions out of training, deterministically.
+def query_key(sql: str) -> str:
+    """A gold query's identity for the held-out split: sqlglot's canonical SQLite text,
+    lower-cased (so spacing, quoting and keyword case do not make two queries); the folded
+    text when sqlglot cannot parse it."""
+    import sqlglot
+    from sqlglot.errors import SqlglotError
 
-    Per database: shuffle with a generator seeded by (seed, db_id), hold out round(fraction*n).
+    folded = " ".join(sql.split()).lower()
+    try:
+        parsed = sqlglot.parse_one(sql, read="sqlite")
+    except (SqlglotError, ValueError, RecursionError):
+        return folded
+    return parsed.sql(dialect="sqlite").lower() if parsed is not None else folded
+
+
+def split_heldout(examples: list[Example], fraction: float, seed: int):
+    """Keep `fraction` of each database's distinct gold queries out of training, with every
+    question that asks for them, deterministically.
+
+    Spider has about two paraphrased questions per query; holding out questions would leave
+    most held-out answers in training (79% did). Per database: the query groups are shuffled
+    by a generator seeded by (seed, db_id) and round(fraction * groups) are held out.
     Order within each output follows the input file, so outputs are stable and diffable.
+    Returns (train, heldout, stats).
     """
     if fraction <= 0:
-        return list(examples), []
-    by_db: dict[str, list[int]] = defaultdict(list)
+        return list(examples), [], {}
+    groups: dict[str, dict[str, list[int]]] = defaultdict(dict)
     for i, ex in enumerate(examples):
-        by_db[ex.db_id].append(i)
+        groups[ex.db_id].setdefault(query_key(ex.query), []).append(i)
     held: set[int] = set()
-    for db_id, indices in by_db.items():
-        rng = random.Random(f"{seed}:{db_id}")
-        shuffled = indices[:]
-        rng.shuffle(shuffled)
-        held.update(shuffled[: round(fraction * len(indices))])
+    n_held_groups = 0
+    for db_id, by_query in groups.items():
+        keys = list(by_query)  # first-seen order: deterministic
+        random.Random(f"{seed}:{db_id}").shuffle(keys)
+        chosen = keys[: round(fraction * len(keys))]
+        n_held_groups += len(chosen)
+        held.update(i for key in chosen for i in by_query[key])
     train = [ex for i, ex in enumerate(examples) if i not in held]
     heldout = [ex for i, ex in enumerate(examples) if i in held]
-    return train, heldout
+    n_groups = sum(len(by_query) for by_query in groups.values())
+    return train, heldout, {"groups_train": n_groups - n_held_groups,
+                            "groups_heldout": n_held_groups}
 
 
 def _limit(items: list, n: int) -> list:
@@ -165,7 +188,7 @@ def prepare(params: PrepareParams, seed: int, root: Path = REPO_ROOT) -> dict:
     present = {db_id: database_path(spider_dir, db_id).is_file() for db_id in schemas}
     train_present = [ex for ex in train_all if present[ex.db_id]]
     absent_train_dbs = sorted({ex.db_id for ex in train_all if not present[ex.db_id]})
-    train, heldout = split_heldout(train_present, params.heldout_fraction, seed)
+    train, heldout, split_stats = split_heldout(train_present, params.heldout_fraction, seed)
     train = _limit(train, params.max_train_examples)
     heldout = _limit(heldout, params.max_dev_examples)
     dev = _limit(dev, params.max_dev_examples)
@@ -192,7 +215,8 @@ def prepare(params: PrepareParams, seed: int, root: Path = REPO_ROOT) -> dict:
     return {
         "train": {"examples": len(train_all), "skipped_db_absent": len(train_all) - len(train_present),
                   "absent_databases": absent_train_dbs, "sft": len(sft_rows),
-                  "grpo": len(grpo_rows), "heldout": len(heldout_rows)},
+                  "grpo": len(grpo_rows), "heldout": len(heldout_rows),
+                  "heldout_split": "query", **split_stats},
         "dev": {"examples": len(dev_rows), "skipped_db_absent": dev_absent,
                 "absent_databases": sorted({r["db_id"] for r in dev_rows if not r["db_present"]})},
         "prompt_length": {

@@ -82,11 +82,34 @@ def test_prepare_is_deterministic_and_seed_changes_the_heldout_split(mini_root):
     assert _read(mini_root, "heldout.jsonl") != first
 
 
-def test_heldout_takes_the_fraction_of_each_database():
-    examples = [Example(db, f"q{i}", "SELECT 1", "") for db in ("a", "b") for i in range(20)]
-    train, heldout = split_heldout(examples, 0.1, seed=3)
-    assert [sum(e.db_id == db for e in heldout) for db in ("a", "b")] == [2, 2]
-    assert len(train) == 36 and not set(map(id, train)) & set(map(id, heldout))
+def test_heldout_takes_the_fraction_of_each_databases_queries_with_all_their_questions():
+    """Paraphrases of one query (spacing and case aside) go to the same side."""
+    examples = [Example(db, f"q{i}{p}", f"SELECT {i} FROM t" if p else f"select  {i} from T", "")
+                for db in ("a", "b") for i in range(20) for p in (0, 1)]
+    train, heldout, stats = split_heldout(examples, 0.1, seed=3)
+    assert [sum(e.db_id == db for e in heldout) for db in ("a", "b")] == [4, 4]
+    assert stats == {"groups_train": 36, "groups_heldout": 4}
+    assert len(train) == 72 and not set(map(id, train)) & set(map(id, heldout))
+    held_queries = {(e.db_id, e.query.split()[1]) for e in heldout}
+    assert not held_queries & {(e.db_id, e.query.split()[1]) for e in train}
+
+
+def test_no_heldout_gold_query_is_trained_on_in_the_real_prepared_data(spider_dir, tmp_path):
+    """The default profile's prepare, augmented copies included: no held-out gold query
+    (normalised as the split normalises) appears among the SFT completions or GRPO prompts."""
+    from sqlrl.prepare import query_key
+
+    root = tmp_path
+    (root / "data" / "raw").mkdir(parents=True)
+    (root / "data" / "raw" / "spider").symlink_to(spider_dir)
+    metrics = prepare(load_params().prepare, load_params().seed, root=root)
+    heldout = _read(root, "heldout.jsonl")
+    assert len(heldout) > 500 and metrics["train"]["groups_heldout"] > 0
+    held = {(r["db_id"], query_key(r["gold"])) for r in heldout}
+    trained = {(r["db_id"], query_key(r["completion"][0]["content"]))
+               for r in _read(root, "sft.jsonl")}
+    trained |= {(r["db_id"], query_key(r["gold_sql"])) for r in _read(root, "grpo.jsonl")}
+    assert not held & trained
 
 
 def test_ddl_format_with_sample_rows(mini_root):
@@ -183,21 +206,28 @@ def _largest_db_tokens(root, rows):
 def test_max_prompt_tokens_trims_sample_rows_of_large_schemas_only(mini_root):
     """A schema whose prompt would not fit gets fewer sample rows, in every split, and the
     reductions are reported; schemas that fit keep all their rows."""
-    full = prepare(_params(schema_format="ddl", sample_rows=3), seed=1, root=mini_root)
-    longest = _largest_db_tokens(mini_root, _read(mini_root, "sft.jsonl"))
-    biggest = max(longest, key=longest.get)
-    budget = max(v for k, v in longest.items() if k != biggest) + 64
-    assert full["sample_rows_reduced"] == {}
+    from sqlrl.prepare import QUESTION_TOKENS, prompt_tokens
+    from sqlrl.prompts import serialize_schema
+    from sqlrl.spider import database_path, load_schemas
 
-    metrics = prepare(_params(schema_format="ddl", sample_rows=3, max_prompt_tokens=budget),
-                      seed=1, root=mini_root)
+    spider = mini_root / "data" / "raw" / "spider"
+    schemas = load_schemas(spider / "tables.json")
+    params = _params(schema_format="ddl", sample_rows=3)
+    sizes = {db: prompt_tokens(serialize_schema(schemas[db], "ddl", database_path(spider, db), 3),
+                               params.system_prompt) for db in DBS[:3]}
+    biggest = max(sizes, key=sizes.get)
+    budget = max(v for k, v in sizes.items() if k != biggest) + QUESTION_TOKENS  # all but one fit
+    assert prepare(params, seed=1, root=mini_root)["sample_rows_reduced"] == {}
+
+    metrics = prepare(dataclasses.replace(params, max_prompt_tokens=budget), seed=1,
+                      root=mini_root)
     assert set(metrics["sample_rows_reduced"]) == {biggest}
     assert metrics["sample_rows_reduced"][biggest] < 3
     rows = _read(mini_root, "sft.jsonl")
     assert max(_largest_db_tokens(mini_root, rows).values()) <= budget
     dev = [r for r in _read(mini_root, "dev.jsonl") if r["db_id"] == biggest and r["prompt"]]
     train = [r for r in rows if r["db_id"] == biggest]
-    assert train and all(r["prompt"][1]["content"].split("\n\nQuestion:")[0] ==
-                         train[0]["prompt"][1]["content"].split("\n\nQuestion:")[0]
-                         for r in train + dev)  # one schema text per database, every split
+    schema_of = lambda r: r["prompt"][1]["content"].split("\n\nQuestion:")[0]  # noqa: E731
+    assert train and {schema_of(r) for r in train + dev} == {schema_of(train[0])}
+    assert f"{metrics['sample_rows_reduced'][biggest]} example rows from" in schema_of(train[0])
     assert metrics["sft_tokens"]["max"] > 0 and metrics["sft_tokens"]["n"] == len(rows)
