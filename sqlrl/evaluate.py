@@ -17,11 +17,13 @@
   OmniSQL (results compared the way EX compares them). Candidates that fail to execute get no
   vote; if none runs, the first is kept.
 
-Metrics per split: ex, em, ex_nontrivial (EX without the n_trivial_gold questions whose gold
-result is empty or only 0/NULL, which wrong queries match easily), n (scored), skipped,
-by_hardness, errors, executable (share of scored predictions that ran without error),
-generation_seconds, examples_per_second, repaired (with schema repair). The dev split's fields
-are at the top level, the held-out split's under "heldout" (when it has rows).
+Metrics per split: ex, em, ex_all (EX over every question, the skipped ones counted as wrong:
+correct / (n + skipped), the denominator of published Spider numbers), ex_nontrivial (EX
+without the n_trivial_gold questions whose gold result is empty or only 0/NULL, which wrong
+queries match easily), n (scored), skipped, by_hardness (each level with ex_all too), errors,
+executable (share of scored predictions that ran without error), generation_seconds,
+examples_per_second, repaired (with schema repair). The dev split's fields are at the top
+level, the held-out split's under "heldout" (when it has rows).
 """
 from __future__ import annotations
 
@@ -158,8 +160,8 @@ def evaluate_split(rows: list[dict], generator, render: Callable[[list[dict]], s
                                    Path(spider_dir) / "database", Path(spider_dir) / "tables.json",
                                    workers or _default_workers())
     else:
-        report = {"ex": None, "em": None, "n": 0, "skipped": 0, "by_hardness": {},
-                  "errors": {}, "items": []}
+        report = {"ex": None, "ex_all": None, "em": None, "n": 0, "skipped": 0,
+                  "by_hardness": {}, "errors": {}, "items": []}
 
     position = {i: k for k, i in enumerate(todo)}  # row index -> its prompt's index
     predictions = []
@@ -189,6 +191,8 @@ def evaluate_split(rows: list[dict], generator, render: Callable[[list[dict]], s
     n = len(scored)
     metrics = {
         "ex": report["ex"], "em": report["em"], "n": n,
+        # skipped questions counted as wrong: comparable with published Spider numbers
+        "ex_all": report["ex_all"],
         "ex_nontrivial": report.get("ex_nontrivial"),
         "n_trivial_gold": report.get("n_trivial_gold", 0),
         "skipped": len(predictions) - n,
@@ -239,7 +243,10 @@ def evaluate_model(model_dir: str | Path, params, seed: int, splits: dict[str, s
         from sqlrl.generate import make_generator
         from sqlrl.prompts import render_prompt
 
-        generator, tokenizer = make_generator(model_dir, params, seed, progress=progress)
+        generator, tokenizer = make_generator(
+            model_dir, use_vllm=params.use_vllm, batch_size=params.batch_size,
+            max_new_tokens=params.max_new_tokens, seed=seed, progress=progress,
+            setting="eval.use_vllm")
         render = render or (lambda messages: render_prompt(tokenizer, messages))
     if generator is not None and render is None:
         raise ValueError("a generator passed in needs its `render` (messages -> prompt text)")
@@ -257,4 +264,8 @@ def evaluate_model(model_dir: str | Path, params, seed: int, splits: dict[str, s
             metrics.update(split_metrics)
         elif rows:
             metrics[name] = split_metrics
+    if generator is not None:
+        from sqlrl.generate import decoding_summary
+        metrics["generation"] = decoding_summary(generator, params.temperature,
+                                                 params.num_samples)
     return metrics, predictions

@@ -1,22 +1,34 @@
-"""Batched generation backends for evaluation: transformers everywhere, vLLM where installed.
+"""Batched generation backends for evaluation, prompt selection and serving: transformers
+everywhere, vLLM where installed.
 
 A backend is anything with the `Generator` protocol: rendered prompt strings in, completion
 strings out, in the order given. `generate` is greedy (one completion per prompt);
-`sample` draws `n` completions per prompt at a temperature (self-consistency).
+`sample` draws `n` completions per prompt at a temperature (self-consistency, pass rates).
 
-- `HFGenerator` (transformers): prompts sorted by token length and batched (less padding),
-  left padding, KV cache, its own GenerationConfig (the model's generation_config.json, e.g.
-  Qwen's sampling defaults and repetition penalty, is not used, so greedy is plain greedy),
-  stops at EOS (<|im_end|> and the tokenizer's eos), cuts at `max_new_tokens`, a tqdm bar
-  on stderr. Results come back in the original order.
-- `VLLMGenerator`: vLLM's LLM + SamplingParams (temperature 0 for greedy). vLLM is imported
-  lazily, only when this class is built, so nothing here needs it installed.
+Decoding is what the caller asks for and nothing else. Both libraries otherwise fill unset
+settings from the model's generation_config.json, and Qwen2.5 instruct checkpoints ship
+do_sample, temperature 0.7, top_p 0.8, top_k 20 and a repetition penalty of 1.05-1.1 that
+counts the prompt (it works against copying schema names). So greedy is plain argmax, and
+sampling is softmax(logits / temperature) with no truncation and no penalty, in both backends:
+- `HFGenerator` (transformers): every setting with a neutral value is set on each call
+  (`hf_decoding_settings`), and during the call the model's generation_config is swapped for
+  one that carries only its special-token ids, so settings whose "off" is "unset" (min_p,
+  suppress_tokens, bad_words_ids, prompt lookup, ...) cannot come from the checkpoint either.
+  Prompts are sorted by token length and batched (less padding), left padding, KV cache,
+  stops at EOS (<|im_end|> and the tokenizer's eos), cuts at `max_new_tokens`, a tqdm bar on
+  stderr. Results come back in the original order.
+- `VLLMGenerator`: vLLM's LLM built with `generation_config="vllm"` (no sampling defaults
+  from the checkpoint) and SamplingParams with every decoding field explicit
+  (`vllm_sampling_settings`). vLLM is imported lazily, only when this class is built.
 
-`make_generator(model_dir, params, seed)` picks one from the `eval` params.
+`make_generator(model_dir, use_vllm=..., batch_size=..., max_new_tokens=..., seed=...)`
+picks one: vLLM when asked for and installed, else transformers on the GPU when there is one,
+in the model's dtype.
 """
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol, Sequence, runtime_checkable
 
@@ -78,6 +90,53 @@ def length_order(lengths: Sequence[int]) -> list[int]:
     return sorted(range(len(lengths)), key=lambda i: -lengths[i])
 
 
+# Settings with a neutral value, set on every transformers call: GenerationMixin.
+# _prepare_generation_config (transformers 5.17) fills each setting the caller leaves None
+# from model.generation_config, then from transformers' global defaults (top_k 50).
+# min_length is left out: min_new_tokens replaces it (and setting both only logs a warning).
+_HF_NEUTRAL = dict(
+    num_beams=1, use_cache=True, use_mtp=False, min_new_tokens=0,
+    early_stopping=False, length_penalty=1.0, repetition_penalty=1.0,
+    encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0,
+    guidance_scale=1.0, renormalize_logits=False, remove_invalid_values=False,
+    token_healing=False, output_scores=False, output_logits=False, output_attentions=False,
+    output_hidden_states=False, return_dict_in_generate=False,
+    top_p=1.0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
+)
+
+
+def hf_decoding_settings(temperature: float, n: int = 1) -> dict:
+    """transformers GenerationConfig fields for greedy (temperature 0: argmax) or plain
+    temperature sampling (no top-k/top-p/min-p truncation, no penalty).
+
+    Greedy leaves top_k out: transformers applies top-k only when sampling, and warns about
+    any greedy top_k other than its default. min_p and top_h have no neutral value ("off" is
+    unset); `HFGenerator` keeps them unset by hiding the model's generation_config."""
+    if temperature > 0.0:
+        return dict(_HF_NEUTRAL, do_sample=True, temperature=temperature, top_k=0,
+                    num_return_sequences=n)
+    if n != 1:
+        raise ValueError("n > 1 needs a temperature > 0 (greedy gives one answer)")
+    return dict(_HF_NEUTRAL, do_sample=False, temperature=1.0, num_return_sequences=1)
+
+
+@contextmanager
+def _bare_generation_config(model):
+    """The model's generation_config replaced, for the duration, by one with only its
+    special-token ids, so nothing else in generation_config.json reaches `generate`; the
+    original is back afterwards (save_pretrained writes it). One call at a time per model,
+    as every caller here runs (the server generates on a single worker thread)."""
+    from transformers import GenerationConfig
+
+    own = model.generation_config
+    ids = {k: getattr(own, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    model.generation_config = GenerationConfig(**ids)
+    try:
+        yield
+    finally:
+        model.generation_config = own
+
+
 class HFGenerator:
     """Batched generation with a transformers causal LM (see the module docstring)."""
 
@@ -126,7 +185,8 @@ class HFGenerator:
         results: list = [None] * len(prompts)
         device = self.model.device
         with tqdm(total=len(prompts), desc=self.desc, unit="ex", file=sys.stderr,
-                  disable=not self.progress, dynamic_ncols=True) as bar, torch.inference_mode():
+                  disable=not self.progress, dynamic_ncols=True) as bar, \
+                torch.inference_mode(), _bare_generation_config(self.model):
             for start in range(0, len(order), self.batch_size):
                 batch = order[start:start + self.batch_size]
                 input_ids, attention_mask = self._left_pad([encoded[i] for i in batch])
@@ -154,15 +214,42 @@ class HFGenerator:
     def _generation_config(self, n: int, temperature: float):
         from transformers import GenerationConfig
 
-        common = dict(max_new_tokens=self.max_new_tokens, eos_token_id=list(self.stop_ids),
-                      pad_token_id=self.pad_id, use_cache=True, num_return_sequences=n)
-        if temperature > 0.0:
-            return GenerationConfig(do_sample=True, temperature=temperature, top_p=1.0,
-                                    top_k=0, **common)
-        return GenerationConfig(do_sample=False, **common)
+        return GenerationConfig(max_new_tokens=self.max_new_tokens,
+                                eos_token_id=list(self.stop_ids), pad_token_id=self.pad_id,
+                                **hf_decoding_settings(temperature, n))
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+# LLM(...) keyword arguments that keep the checkpoint's sampling defaults out (vLLM 0.31,
+# vllm/config/model.py ModelConfig.generation_config: "auto" reads generation_config.json
+# into the default SamplingParams, "vllm" uses vLLM's neutral defaults). Its eos_token_id
+# is still read and still stops generation (InputProcessor, update_from_generation_config).
+VLLM_ENGINE_SETTINGS = {"generation_config": "vllm", "override_generation_config": {}}
+
+
+def vllm_sampling_settings(n: int, temperature: float, max_tokens: int,
+                           stop_token_ids: Sequence[int] = (), seed: int | None = None) -> dict:
+    """Every decoding field of vLLM 0.31's SamplingParams (vllm/sampling_params.py), neutral
+    unless asked for: greedy at temperature 0, else plain temperature sampling (top_k 0 is
+    "all tokens" there; -1 is accepted too). Delivery fields (output_kind, logprobs) are the
+    caller's: LLM.generate forces FINAL_ONLY outputs itself."""
+    if n < 1 or max_tokens < 1:
+        raise ValueError("n and max_tokens must be >= 1")
+    if n > 1 and temperature <= 0.0:
+        raise ValueError("n > 1 needs a temperature > 0 (greedy gives one answer)")
+    sampling = temperature > 0.0
+    return dict(
+        n=n, temperature=temperature if sampling else 0.0, top_p=1.0, top_k=0, min_p=0.0,
+        seed=seed if sampling else None,
+        repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
+        max_tokens=max_tokens, min_tokens=0, stop=[], stop_token_ids=list(stop_token_ids),
+        ignore_eos=False, include_stop_str_in_output=False, bad_words=[], logit_bias=None,
+        allowed_token_ids=None, structured_outputs=None, repetition_detection=None,
+        thinking_token_budget=None, watermarking=False,
+        detokenize=True, skip_special_tokens=True, spaces_between_special_tokens=True,
+    )
 
 
 class VLLMGenerator:
@@ -176,15 +263,11 @@ class VLLMGenerator:
         self.max_new_tokens = max_new_tokens
         self.stop_ids = list(stop_ids)
         self.llm = vllm.LLM(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed,
-                            **llm_kwargs)
+                            **{**VLLM_ENGINE_SETTINGS, **llm_kwargs})
 
     def _params(self, n: int, temperature: float, seed: int | None):
-        kwargs = dict(n=n, temperature=temperature, max_tokens=self.max_new_tokens)
-        if self.stop_ids:
-            kwargs["stop_token_ids"] = list(self.stop_ids)
-        if temperature > 0.0:
-            kwargs.update(top_p=1.0, seed=seed)
-        return self._vllm.SamplingParams(**kwargs)
+        return self._vllm.SamplingParams(**vllm_sampling_settings(
+            n, temperature, self.max_new_tokens, self.stop_ids, seed))
 
     def generate(self, prompts: list[str]) -> list[str]:
         if not prompts:
@@ -200,6 +283,23 @@ class VLLMGenerator:
         return [[c.text for c in o.outputs] for o in outputs]
 
 
+def decoding_summary(generator, temperature: float, n: int = 1) -> dict:
+    """The decoding settings `generator` applies (greedy when n == 1), for the metrics file,
+    so a reader sees that evaluation decoded greedily, without a checkpoint's penalty."""
+    if n == 1:
+        temperature = 0.0
+    if isinstance(generator, VLLMGenerator):
+        settings = vllm_sampling_settings(n, temperature, generator.max_new_tokens)
+        settings["do_sample"] = temperature > 0.0
+    elif isinstance(generator, HFGenerator):
+        settings = hf_decoding_settings(temperature, n)
+    else:
+        return {"backend": type(generator).__name__}
+    keys = ("do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+            "num_beams", "n", "num_return_sequences")
+    return {"backend": type(generator).__name__, **{k: settings[k] for k in keys if k in settings}}
+
+
 def vllm_available() -> bool:
     """Whether `import vllm` works (it is installed only on CUDA machines)."""
     try:
@@ -209,29 +309,31 @@ def vllm_available() -> bool:
     return True
 
 
-def make_generator(model_dir: str | Path, params, seed: int, progress: bool = True,
-                   desc: str = "generate"):
-    """(generator, tokenizer) for `model_dir` from the `eval` params: vLLM when
-    `params.use_vllm` and vLLM is installed, transformers otherwise."""
+def make_generator(model_dir: str | Path, *, use_vllm: bool, batch_size: int,
+                   max_new_tokens: int, seed: int, progress: bool = True,
+                   desc: str = "generate", setting: str = "use_vllm"):
+    """(generator, tokenizer) for `model_dir`: vLLM when `use_vllm` and vLLM is installed,
+    else transformers, on the GPU when there is one, in the dtype the model was saved in (or
+    its base record's). `setting` names the param in the warning when vLLM is missing."""
     from sqlrl.modeling import load_model_and_tokenizer, load_tokenizer, model_location
 
-    if params.use_vllm and vllm_available():
+    if use_vllm and vllm_available():
         tokenizer = load_tokenizer(model_dir)
         path, _ = model_location(model_dir)
-        record = _base_record(model_dir)
-        generator = VLLMGenerator(path, params.max_new_tokens, seed,
+        generator = VLLMGenerator(path, max_new_tokens, seed,
                                   stop_ids=stop_token_ids(tokenizer),
-                                  dtype=record.get("dtype", "auto"))
+                                  dtype=_base_record(model_dir).get("dtype", "auto"))
         return generator, tokenizer
-    if params.use_vllm:
-        print("evaluate: eval.use_vllm is set but vLLM is not installed; using transformers",
+    if use_vllm:
+        print(f"{setting} is set but vLLM is not installed (pip install -r "
+              f"requirements-gpu.txt on a CUDA machine); generating with transformers",
               file=sys.stderr)
     import torch
 
     model, tokenizer = load_model_and_tokenizer(model_dir)
     if torch.cuda.is_available():
         model = model.to("cuda")
-    return HFGenerator(model, tokenizer, params.batch_size, params.max_new_tokens,
+    return HFGenerator(model, tokenizer, batch_size, max_new_tokens,
                        progress=progress, desc=desc), tokenizer
 
 

@@ -8,10 +8,11 @@ A drop-in for the official evaluator's interface:
 GOLD holds `SQL<TAB>db_id` per line, PRED one SQL per line (same count). EX uses the shared
 executor and equality (sqlrl.equality); EM and hardness come from sqlrl.spider_eval. An item
 whose database file is absent is "skipped": ex and em are null, and it is left out of `n` and
-of the EX/EM fractions, but counted in `skipped`. `ex_nontrivial` is EX without the questions
-whose gold result is empty or only 0/NULL (`n_trivial_gold`), which a wrong query matches
-easily. The same report comes from
-`score_predictions` for in-process callers.
+of the EX/EM fractions, but counted in `skipped`; `ex_all` is EX over every item with the
+skipped ones counted as wrong (correct / (n + skipped)), the denominator published Spider
+numbers use (all 1,034 dev questions), also per hardness. `ex_nontrivial` is EX without the
+questions whose gold result is empty or only 0/NULL (`n_trivial_gold`), which a wrong query
+matches easily. The same report comes from `score_predictions` for in-process callers.
 """
 from __future__ import annotations
 
@@ -120,22 +121,30 @@ def _fraction(values: list) -> float | None:
     return round(sum(values) / len(values), 6) if values else None
 
 
+def _fraction_all(items: list[dict]) -> float | None:
+    """Share of `items` scored correct, a skipped item counting as wrong."""
+    return _fraction([it["ex"] or 0 for it in items])
+
+
 def _summary(items: list[dict]) -> dict:
     """Fractions over the non-skipped items, per hardness level, and error counts."""
     scored = [it for it in items if it["status"] != "skipped"]
     statuses = Counter(it["status"] for it in scored)
     by_hardness = {}
     for level in HARDNESS_LEVELS:
-        here = [it for it in scored if it["hardness"] == level]
+        every = [it for it in items if it["hardness"] == level]
+        here = [it for it in every if it["status"] != "skipped"]
         by_hardness[level] = {
             "n": len(here), "ex": _fraction([it["ex"] for it in here]),
+            "ex_all": _fraction_all(every),
             "em": _fraction([it["em"] for it in here if it["em"] is not None]),
-            "skipped": sum(1 for it in items
-                           if it["hardness"] == level and it["status"] == "skipped"),
+            "skipped": len(every) - len(here),
         }
     telling = [it for it in scored if not it.get("gold_trivial")]
     return {
         "ex": _fraction([it["ex"] for it in scored]),
+        # EX over every question, skipped ones counted wrong: what published Spider numbers use
+        "ex_all": _fraction_all(items),
         # EX on the questions whose gold result is not trivial (not empty, not only 0/NULL)
         "ex_nontrivial": _fraction([it["ex"] for it in telling]),
         "n_trivial_gold": len(scored) - len(telling),
@@ -203,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     print(f"EX {_percent(report['ex'])}  EM {_percent(report['em'])}  n={report['n']} "
-          f"skipped={report['skipped']}  errors={report['errors']}  -> {args.out}")
+          f"skipped={report['skipped']}  EX with skipped as wrong {_percent(report['ex_all'])}"
+          f"  errors={report['errors']}  -> {args.out}")
     return 0
 
 

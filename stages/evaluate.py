@@ -60,7 +60,8 @@ def main(argv: list[str], root: Path = REPO_ROOT) -> int:
     write_metrics(root / "metrics" / f"eval_{name}.json", metrics)
     line = (f"evaluate@{name}: dev EX {_pct(metrics['ex'])} (non-trivial gold "
             f"{_pct(metrics['ex_nontrivial'])}) EM {_pct(metrics['em'])} "
-            f"on {metrics['n']} ({metrics['skipped']} skipped), "
+            f"on {metrics['n']} ({metrics['skipped']} skipped; EX with skipped as wrong "
+            f"{_pct(metrics['ex_all'])} of {metrics['n'] + metrics['skipped']}), "
             f"{metrics['examples_per_second']} examples/s")
     if "heldout" in metrics:
         held = metrics["heldout"]

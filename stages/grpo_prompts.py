@@ -3,41 +3,53 @@
 
 A stage of its own because the pass-rate filter samples the SFT model (minutes on a CPU):
 `dvc exp run -S grpo.steps=500` reuses the selection and reruns only grpo and what follows.
+The SFT model is sampled by evaluation's generator factory (`sqlrl.generate.make_generator`):
+vLLM when grpo.use_vllm is set and vLLM is installed, else transformers on the GPU when there
+is one, in the model's dtype; grpo.batch_size prompts a batch, grpo.max_completion_length
+tokens, grpo.temperature, with nothing taken from the model's generation_config.json.
 """
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from sqlrl.evaluate import read_jsonl, write_jsonl
 from sqlrl.executor import SQLExecutor
 from sqlrl.grpo import PROMPTS_PATH, reward_functions, sampled_pass_rates, select_prompts
 from sqlrl.metrics import write_metrics
-from sqlrl.params import load_params
+from sqlrl.params import GrpoParams, load_params
+from sqlrl.paths import REPO_ROOT
 
 SFT_DIR = "models/sft"
 
 
-def main() -> int:
-    params = load_params()
+def pass_rate_generator(model_dir: str | Path, grpo: GrpoParams, seed: int):
+    """(generator, tokenizer) that samples `model_dir` for the pass rates, as grpo asks."""
+    from sqlrl.generate import make_generator
+
+    return make_generator(model_dir, use_vllm=grpo.use_vllm, batch_size=grpo.batch_size,
+                          max_new_tokens=grpo.max_completion_length, seed=seed,
+                          desc="pass rate", setting="grpo.use_vllm")
+
+
+def main(root: Path = REPO_ROOT) -> int:
+    """Select the GRPO prompts under `root` (the repo root; tests pass a copy)."""
+    root = Path(root)
+    params = load_params(root / "params.yaml")
     grpo = params.grpo
     execution_reward = reward_functions(grpo)[0]
 
     def pass_rates(rows):
-        from sqlrl.generate import HFGenerator
-        from sqlrl.modeling import load_model_and_tokenizer
-
-        model, tokenizer = load_model_and_tokenizer(SFT_DIR)
-        generator = HFGenerator(model, tokenizer, batch_size=grpo.batch_size,
-                                max_new_tokens=grpo.max_completion_length, desc="pass rate")
+        generator, tokenizer = pass_rate_generator(root / SFT_DIR, grpo, params.seed)
         return sampled_pass_rates(rows, generator, tokenizer, grpo.pass_rate_filter.samples,
                                   grpo.temperature, params.seed, execution_reward)
 
-    rows = read_jsonl("data/prepared/grpo.jsonl")
+    rows = read_jsonl(root / "data/prepared/grpo.jsonl")
     selected, stats = select_prompts(rows, grpo, params.seed, SQLExecutor(), pass_rates)
     print(f"grpo_prompts: {stats.kept} of {stats.candidates} prompts kept {stats.as_metrics()}",
           file=sys.stderr)
-    write_jsonl(PROMPTS_PATH, selected)
-    write_metrics("metrics/grpo_prompts.json", stats.as_metrics())
+    write_jsonl(root / PROMPTS_PATH, selected)
+    write_metrics(root / "metrics/grpo_prompts.json", stats.as_metrics())
     return 0
 
 

@@ -114,6 +114,37 @@ def test_evaluate_split_end_to_end_with_known_answers(dev_rows, spider_dir):
     assert sum(metrics["errors"].values()) >= 2
 
 
+def test_ex_all_counts_skipped_questions_as_wrong(dev_rows, prepared_dir, spider_dir,
+                                                 tmp_path):
+    """ex stays over the questions that could run; ex_all is over every question, as published
+    Spider numbers are (dev: all 1,034 questions, wta_1 included), per split and hardness."""
+    absent = [r for r in read_jsonl(prepared_dir / "dev.jsonl") if r["db_id"] == "wta_1"]
+    heldout = read_jsonl(prepared_dir / "heldout.jsonl")[:3] + absent[2:3]
+    (tmp_path / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dev_rows))
+    (tmp_path / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in heldout))
+    fake = _fake_for(dev_rows)
+    fake.answers.update({_render(r["prompt"]): r["gold"] for r in heldout if r["prompt"]})
+    params = EvalParams(batch_size=4, max_new_tokens=8, use_vllm=False, num_samples=1,
+                        temperature=0.8, schema_repair=False)
+    metrics, preds = evaluate_model("models/x", params, 0, {"dev": tmp_path / "dev.jsonl",
+                                                          "heldout": tmp_path / "heldout.jsonl"},
+                                    generator=fake, render=_render, spider_dir=spider_dir)
+    # dev: 6 right of the 10 that ran, 2 skipped
+    assert (metrics["ex"], metrics["n"], metrics["skipped"]) == (pytest.approx(0.6), 10, ABSENT)
+    assert metrics["ex_all"] == pytest.approx(6 / 12, abs=1e-6)
+    for level, m in metrics["by_hardness"].items():
+        rows = [p for p in preds["dev"] if p["hardness"] == level]
+        if rows:
+            assert m["ex_all"] == pytest.approx(sum(p["ex"] or 0 for p in rows) / len(rows),
+                                                abs=1e-6), level
+            assert m["n"] + m["skipped"] == len(rows)
+    assert sum(m["skipped"] for m in metrics["by_hardness"].values()) == ABSENT
+    # held-out: all 3 that ran are right, 1 skipped
+    held = metrics["heldout"]
+    assert (held["ex"], held["n"], held["skipped"]) == (1.0, 3, 1)
+    assert held["ex_all"] == 0.75
+
+
 class FakeSampler:
     def __init__(self, samples: dict[str, list[str]]):
         self.samples = samples
@@ -206,12 +237,14 @@ def test_stage_writes_metrics_and_predictions_with_a_tiny_model(tiny, prepared_d
     metrics = read_metrics(tmp_path / "metrics" / "eval_tiny.json")
     assert (metrics["n"], metrics["skipped"]) == (3, 1)
     assert 0.0 <= metrics["ex"] <= 1.0 and metrics["examples_per_second"] > 0
+    assert metrics["ex_all"] == pytest.approx(metrics["ex"] * 3 / 4, abs=1e-6)
     assert metrics["generated_tokens"] <= 3 * 6
     assert "heldout" not in metrics
     lines = (tmp_path / "data" / "predictions" / "tiny.jsonl").read_text().splitlines()
     assert [json.loads(x)["question"] for x in lines] == [r["question"] for r in dev]
     assert (tmp_path / "data" / "predictions" / "tiny_heldout.jsonl").read_text() == ""
-    assert "evaluate@tiny: dev EX" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "evaluate@tiny: dev EX" in out and "EX with skipped as wrong" in out and "of 4" in out
     assert main(["missing"], root=tmp_path) == 1
 
 
@@ -225,6 +258,7 @@ def test_only_absent_databases_loads_no_model(dev_rows, spider_dir, tmp_path):
                                      "heldout": tmp_path / "missing.jsonl"},
                                     spider_dir=spider_dir)
     assert (metrics["n"], metrics["skipped"], metrics["ex"]) == (0, ABSENT, None)
+    assert metrics["ex_all"] == 0.0  # every question counted, none answered
     assert metrics["executable"] is None and "heldout" not in metrics
     assert [p["status"] for p in preds["dev"]] == ["skipped"] * ABSENT and preds["heldout"] == []
     with pytest.raises(FileNotFoundError):

@@ -1,8 +1,11 @@
 """Batched generation backends (sqlrl/generate.py) on a tiny Qwen2 model built in the test."""
 from __future__ import annotations
 
+import json
+import shutil
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -10,7 +13,7 @@ import torch
 from sqlrl import generate as gen
 from sqlrl.modeling import (IM_END, build_scratch_model, to_transformers_tokenizer,
                             train_tokenizer)
-from sqlrl.params import ArchitectureParams, EvalParams
+from sqlrl.params import ArchitectureParams
 from sqlrl.prompts import build_messages, render_prompt
 
 TEXTS = ["SELECT count(*) FROM singer", "SELECT name FROM stadium WHERE capacity > 100",
@@ -112,27 +115,154 @@ def test_sampling_is_seeded_and_returns_n_per_prompt(tiny, prompts):
         g.generate_ids(prompts, n=2, temperature=0.0)
 
 
+# --------------------------------------------------------------------------- checkpoint defaults
+
+# What a Qwen2.5 instruct checkpoint's generation_config.json does to unset settings, made
+# stronger so that any leak changes the output
+HOSTILE = {"do_sample": True, "temperature": 0.7, "top_k": 5, "top_p": 0.5,
+           "repetition_penalty": 1.3, "min_p": 0.3, "no_repeat_ngram_size": 2}
+
+
+def _reference_decode(model, tokenizer, prompt, stop_ids, max_new_tokens, temperature=0.0):
+    """The reference decoder: argmax of the raw logits, or a draw from softmax(logits / T),
+    one full forward pass per token (no cache, no padding, no processors)."""
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    out = []
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            logits = model(torch.tensor([ids + out])).logits[0, -1].float()
+            if temperature > 0.0:
+                probs = torch.softmax(logits / temperature, dim=-1)
+                token = int(torch.multinomial(probs[None], num_samples=1)[0, 0])
+            else:
+                token = int(logits.argmax())
+            if token in stop_ids:
+                break
+            out.append(token)
+    return out
+
+
+@pytest.fixture(scope="module")
+def hostile(tiny, prompts, tmp_path_factory):
+    """The tiny model saved with a generation_config.json that sets Qwen-style sampling
+    defaults, a strong repetition penalty, and suppresses the tokens greedy decoding picks
+    first (a setting whose "off" is unset): (model, tokenizer, path, stop ids)."""
+    from transformers import AutoModelForCausalLM
+
+    model, tokenizer, path = tiny
+    stops = gen.stop_token_ids(tokenizer, model)
+    firsts = sorted({_reference_decode(model, tokenizer, p, stops, 1)[0] for p in prompts})
+    folder = tmp_path_factory.mktemp("hostile")
+    shutil.copytree(path, folder, dirs_exist_ok=True)
+    config = json.loads((folder / "generation_config.json").read_text())
+    config.update(HOSTILE, suppress_tokens=firsts)
+    (folder / "generation_config.json").write_text(json.dumps(config))
+    loaded = AutoModelForCausalLM.from_pretrained(folder)
+    assert loaded.generation_config.repetition_penalty == 1.3  # the checkpoint really says so
+    assert loaded.generation_config.suppress_tokens == firsts
+    return loaded, tokenizer, folder, stops
+
+
+def test_greedy_is_argmax_whatever_the_checkpoint_generation_config_says(hostile, prompts):
+    model, tokenizer, _, stops = hostile
+    g = gen.HFGenerator(model, tokenizer, batch_size=3, max_new_tokens=10, progress=False)
+    expected = [_reference_decode(model, tokenizer, p, stops, 10) for p in prompts]
+    assert g.generate_ids(prompts) == expected
+    assert g.generate(prompts) == [tokenizer.decode(x, skip_special_tokens=True)
+                                   for x in expected]
+    # the model's own generation_config is back after the call (it is saved with the model)
+    assert model.generation_config.repetition_penalty == 1.3
+
+
+def test_sampling_is_temperature_only_whatever_the_checkpoint_says(hostile, prompts):
+    from transformers import set_seed
+
+    model, tokenizer, _, stops = hostile
+    g = gen.HFGenerator(model, tokenizer, batch_size=1, max_new_tokens=10, progress=False)
+    for k, prompt in enumerate(prompts[:3]):
+        (drawn,) = g.generate_ids([prompt], n=1, temperature=1.5, seed=100 + k)
+        set_seed(100 + k)  # the same draws, from the reference decoder
+        assert drawn == _reference_decode(model, tokenizer, prompt, stops, 10, temperature=1.5)
+
+
 # --------------------------------------------------------------------------- vLLM stand-in
 
-class _FakeLLM:
-    instances: list = []
-
-    def __init__(self, **kwargs):
-        self.kwargs = kwargs
-        self.calls = []
-        _FakeLLM.instances.append(self)
-
-    def generate(self, prompts, sampling_params):
-        self.calls.append((list(prompts), sampling_params))
-        n = sampling_params.n
-        return [types.SimpleNamespace(prompt=p, outputs=[
-            types.SimpleNamespace(text=f"SELECT {len(p)} -- {k}") for k in range(n)])
-            for p in prompts]
+# vLLM 0.31.0's SamplingParams (vllm/sampling_params.py): its public fields and defaults
+VLLM_SAMPLING_DEFAULTS = dict(
+    n=1, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, temperature=1.0,
+    watermarking=True, top_p=1.0, top_k=0, min_p=0.0, seed=None, stop=None,
+    stop_token_ids=None, ignore_eos=False, max_tokens=16, min_tokens=0, logprobs=None,
+    prompt_logprobs=None, prompt_logprob_token_ids=None, prompt_logprob_start=None,
+    logprob_token_ids=None, flat_logprobs=False, detokenize=True, skip_special_tokens=True,
+    spaces_between_special_tokens=True, include_stop_str_in_output=False, output_kind="CUMULATIVE",
+    stream_interval=None, skip_clone=False, structured_outputs=None, logit_bias=None,
+    allowed_token_ids=None, extra_args=None, bad_words=None, skip_reading_prefix_cache=None,
+    thinking_token_budget=None, repetition_detection=None, routed_experts_prompt_start=0,
+    trace_decode_token_ids=None)
+# the fields that decide which tokens come out, and when decoding stops
+VLLM_DECODING_FIELDS = {
+    "n", "temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty",
+    "presence_penalty", "frequency_penalty", "max_tokens", "min_tokens", "stop",
+    "stop_token_ids", "ignore_eos", "bad_words", "logit_bias", "allowed_token_ids",
+    "structured_outputs", "repetition_detection", "thinking_token_budget", "watermarking",
+    "include_stop_str_in_output", "skip_special_tokens"}
+# ModelConfig.get_diff_sampling_param: what vLLM takes from generation_config.json
+VLLM_FROM_CHECKPOINT = ("repetition_penalty", "presence_penalty", "frequency_penalty",
+                        "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
 
 
 class _FakeSamplingParams:
+    """SamplingParams as vLLM 0.31 builds it: keyword fields with its defaults (a misspelt
+    field is a TypeError), range checks, and greedy (temperature < 1e-5) resetting
+    top_p/top_k/min_p. `explicit` records what the caller set."""
+
     def __init__(self, **kwargs):
-        self.__dict__.update(kwargs)
+        unknown = set(kwargs) - set(VLLM_SAMPLING_DEFAULTS)
+        if unknown:
+            raise TypeError(f"SamplingParams has no field(s) {sorted(unknown)}")
+        self.explicit = set(kwargs)
+        self.__dict__.update({**VLLM_SAMPLING_DEFAULTS, **kwargs})
+        if not 0.0 < self.top_p <= 1.0 or self.top_k < -1 or not 0.0 <= self.min_p <= 1.0:
+            raise ValueError("top_p, top_k or min_p out of range")
+        if self.temperature < 1e-5:
+            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+
+
+class _FakeLLM:
+    """vllm.LLM's constructor and generate(prompts, sampling_params=None); with
+    generation_config "auto" (the default) requests without SamplingParams take the
+    checkpoint's settings, as LLM.get_default_sampling_params does."""
+    instances: list = []
+    answers: dict = {}   # prompt -> completions; otherwise "SELECT <len(prompt)> -- <k>"
+    ENGINE_ARGS = {"generation_config", "override_generation_config", "max_model_len",
+                   "gpu_memory_utilization", "enforce_eager"}  # a few of EngineArgs' fields
+
+    def __init__(self, model, *, tokenizer=None, dtype="auto", seed=0, **kwargs):
+        if set(kwargs) - self.ENGINE_ARGS:
+            raise TypeError(f"unexpected engine arguments {sorted(set(kwargs) - self.ENGINE_ARGS)}")
+        self.kwargs = dict(kwargs, model=model, tokenizer=tokenizer, dtype=dtype, seed=seed)
+        self.calls = []
+        _FakeLLM.instances.append(self)
+
+    def get_default_sampling_params(self):
+        source = self.kwargs.get("generation_config", "auto")
+        path = Path(self.kwargs["model"]) / "generation_config.json"
+        config = {} if source == "vllm" or not path.is_file() else json.loads(path.read_text())
+        config.update(self.kwargs.get("override_generation_config") or {})
+        diff = {k: config[k] for k in VLLM_FROM_CHECKPOINT if config.get(k) is not None}
+        if "max_new_tokens" in diff:
+            diff["max_tokens"] = diff.pop("max_new_tokens")
+        return _FakeSamplingParams(**diff)
+
+    def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None):
+        sampling_params = sampling_params or self.get_default_sampling_params()
+        self.calls.append((list(prompts), sampling_params))
+        n = sampling_params.n
+        texts = {p: self.answers.get(p) or [f"SELECT {len(p)} -- {k}" for k in range(n)]
+                 for p in prompts}
+        return [types.SimpleNamespace(prompt=p, outputs=[
+            types.SimpleNamespace(index=k, text=texts[p][k]) for k in range(n)])
+            for p in prompts]
 
 
 @pytest.fixture
@@ -140,6 +270,7 @@ def fake_vllm(monkeypatch):
     module = types.ModuleType("vllm")
     module.LLM, module.SamplingParams = _FakeLLM, _FakeSamplingParams
     _FakeLLM.instances.clear()
+    _FakeLLM.answers = {}
     monkeypatch.setitem(sys.modules, "vllm", module)
     return module
 
@@ -148,9 +279,8 @@ def test_vllm_absent_falls_back_to_transformers(tiny, monkeypatch):
     _, _, path = tiny
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     assert not gen.vllm_available()
-    params = EvalParams(batch_size=4, max_new_tokens=6, use_vllm=True, num_samples=1,
-                        temperature=0.8, schema_repair=False)
-    generator, tokenizer = gen.make_generator(path, params, seed=1, progress=False)
+    generator, tokenizer = gen.make_generator(path, use_vllm=True, batch_size=4,
+                                              max_new_tokens=6, seed=1, progress=False)
     assert isinstance(generator, gen.HFGenerator) and isinstance(generator, gen.Generator)
     assert (generator.batch_size, generator.max_new_tokens) == (4, 6)
     assert tokenizer.chat_template
@@ -159,9 +289,8 @@ def test_vllm_absent_falls_back_to_transformers(tiny, monkeypatch):
 def test_vllm_path_with_a_stand_in_module(tiny, fake_vllm):
     _, tokenizer, path = tiny
     assert gen.vllm_available()
-    params = EvalParams(batch_size=4, max_new_tokens=33, use_vllm=True, num_samples=1,
-                        temperature=0.8, schema_repair=False)
-    generator, tok = gen.make_generator(path, params, seed=5)
+    generator, tok = gen.make_generator(path, use_vllm=True, batch_size=4, max_new_tokens=33,
+                                        seed=5)
     assert isinstance(generator, gen.VLLMGenerator) and isinstance(generator, gen.Generator)
     (llm,) = _FakeLLM.instances
     assert llm.kwargs["model"] == str(path) and llm.kwargs["seed"] == 5
@@ -179,9 +308,111 @@ def test_vllm_path_with_a_stand_in_module(tiny, fake_vllm):
     assert generator.generate([]) == [] and len(llm.calls) == 2
 
 
+def test_vllm_gets_every_decoding_setting_and_no_checkpoint_defaults(hostile, fake_vllm):
+    _, _, path, _ = hostile
+    # the stand-in reads the checkpoint as vLLM does when the LLM is built the default way
+    leaky = _FakeLLM(model=str(path)).get_default_sampling_params()
+    assert (leaky.repetition_penalty, leaky.top_k, leaky.top_p) == (1.3, 5, 0.5)
+    _FakeLLM.instances.clear()
+
+    generator, _ = gen.make_generator(path, use_vllm=True, batch_size=4, max_new_tokens=20,
+                                      seed=3)
+    (llm,) = _FakeLLM.instances
+    assert llm.kwargs["generation_config"] == "vllm"  # no sampling defaults from the checkpoint
+    assert not llm.kwargs["override_generation_config"]
+    default = llm.get_default_sampling_params()
+    assert (default.repetition_penalty, default.top_k, default.top_p, default.min_p,
+            default.temperature) == (1.0, 0, 1.0, 0.0, 1.0)
+
+    generator.generate(["a prompt"])
+    _, greedy = llm.calls[-1]
+    assert VLLM_DECODING_FIELDS <= greedy.explicit
+    assert (greedy.temperature, greedy.top_p, greedy.top_k, greedy.min_p,
+            greedy.repetition_penalty, greedy.presence_penalty, greedy.frequency_penalty,
+            greedy.min_tokens, greedy.ignore_eos, greedy.watermarking) == \
+        (0.0, 1.0, 0, 0.0, 1.0, 0.0, 0.0, 0, False, False)
+
+    generator.sample(["a prompt"], n=4, temperature=0.9, seed=11)
+    _, sampled = llm.calls[-1]
+    assert VLLM_DECODING_FIELDS <= sampled.explicit
+    assert (sampled.n, sampled.temperature, sampled.seed, sampled.top_p, sampled.top_k,
+            sampled.min_p, sampled.repetition_penalty, sampled.max_tokens) == \
+        (4, 0.9, 11, 1.0, 0, 0.0, 1.0, 20)
+
+
 def test_vllm_not_used_when_the_profile_says_no(tiny, fake_vllm):
     _, _, path = tiny
-    params = EvalParams(batch_size=2, max_new_tokens=4, use_vllm=False, num_samples=1,
-                        temperature=0.8, schema_repair=False)
-    generator, _ = gen.make_generator(path, params, seed=0, progress=False)
+    generator, _ = gen.make_generator(path, use_vllm=False, batch_size=2, max_new_tokens=4,
+                                      seed=0, progress=False)
     assert isinstance(generator, gen.HFGenerator) and not _FakeLLM.instances
+
+
+# --------------------------------------------------------------------------- pass-rate filter
+
+def test_pass_rate_filter_samples_through_the_generator_factory(tiny, fake_vllm, prepared_dir,
+                                                                tmp_path):
+    """stages/grpo_prompts with grpo.use_vllm and vLLM installed: the SFT model is sampled by
+    vLLM (not by transformers on the CPU), with the grpo settings."""
+    import yaml
+
+    from sqlrl.evaluate import read_jsonl
+    from sqlrl.metrics import read_metrics
+    from sqlrl.paths import REPO_ROOT
+    from stages import grpo_prompts
+
+    _, tokenizer, model_path = tiny
+    rows = read_jsonl(prepared_dir / "grpo.jsonl")[:6]
+    (tmp_path / "data" / "prepared").mkdir(parents=True)
+    (tmp_path / "data" / "prepared" / "grpo.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows))
+    shutil.copytree(model_path, tmp_path / "models" / "sft")
+    params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
+    params["grpo"]["use_vllm"] = True
+    params["grpo"]["pass_rate_filter"] = {"pool": 6, "samples": 4, "min_rate": 0.01,
+                                          "max_rate": 0.99}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    # the stand-in solves every prompt with half of its samples
+    _FakeLLM.answers = {render_prompt(tokenizer, r["prompt"]): [r["gold_sql"], "SELECT 0"] * 2
+                        for r in rows}
+
+    assert grpo_prompts.main(tmp_path) == 0
+    (llm,) = _FakeLLM.instances
+    assert llm.kwargs["model"] == str(tmp_path / "models" / "sft")
+    assert llm.kwargs["generation_config"] == "vllm"
+    ((sent, sp),) = llm.calls
+    grpo = params["grpo"]
+    assert (sp.n, sp.temperature, sp.max_tokens, sp.seed) == \
+        (4, grpo["temperature"], grpo["max_completion_length"], params["seed"])
+    assert (sp.top_k, sp.top_p, sp.repetition_penalty) == (0, 1.0, 1.0)
+    metrics = read_metrics(tmp_path / "metrics" / "grpo_prompts.json")
+    assert metrics["pass_rate_pool"] == len(sent) > 0
+    assert metrics["kept"] == len(sent) and metrics["pool_mean_pass_rate"] == 0.5
+    kept = read_jsonl(tmp_path / "data" / "grpo_prompts.jsonl")
+    assert {render_prompt(tokenizer, r["prompt"]) for r in kept} == set(sent)
+
+
+def test_pass_rate_filter_without_vllm_uses_transformers_and_says_so(tiny, monkeypatch, capsys):
+    import dataclasses
+
+    from sqlrl.params import load_params
+    from stages import grpo_prompts
+
+    _, _, model_path = tiny
+    monkeypatch.setitem(sys.modules, "vllm", None)  # not installed
+    grpo = dataclasses.replace(load_params().grpo, use_vllm=True, batch_size=16,
+                               num_generations=8, max_completion_length=24)
+    generator, tokenizer = grpo_prompts.pass_rate_generator(model_path, grpo, seed=0)
+    assert isinstance(generator, gen.HFGenerator) and tokenizer.chat_template
+    assert (generator.batch_size, generator.max_new_tokens) == (16, 24)
+    assert "grpo.use_vllm is set but vLLM is not installed" in capsys.readouterr().err
+
+
+def test_decoding_summary_says_greedy_without_penalty():
+    from sqlrl.generate import HFGenerator, decoding_summary
+
+    generator = HFGenerator.__new__(HFGenerator)  # only its type matters here
+    summary = decoding_summary(generator, temperature=0.8, n=1)
+    assert summary["backend"] == "HFGenerator"
+    assert (summary["do_sample"], summary["repetition_penalty"], summary["num_beams"]) == \
+        (False, 1.0, 1)
+    assert decoding_summary(generator, temperature=0.8, n=4)["do_sample"] is True

@@ -52,6 +52,30 @@ def test_gold_against_itself_is_an_exact_match_with_spider_hardness(gold_vs_gold
     assert all(levels[h]["ex"] == 1.0 and levels[h]["em"] == 1.0 for h in levels)
 
 
+def test_ex_all_counts_the_absent_database_as_wrong(gold_vs_gold, spider_dir, dev_gold,
+                                                   tmp_path, capsys):
+    """Published Spider numbers are over all 1,034 dev questions: ex_all counts the 62 wta_1
+    questions (database absent here) as wrong, overall and per hardness; ex does not."""
+    report, _ = gold_vs_gold
+    assert report["ex"] == 1.0
+    assert report["ex_all"] == pytest.approx(972 / 1034, abs=1e-6)
+    for level, m in report["by_hardness"].items():
+        assert m["ex_all"] == pytest.approx(m["n"] / (m["n"] + m["skipped"]), abs=1e-6), level
+    assert any(m["ex_all"] < 1.0 for m in report["by_hardness"].values())
+
+    gold = [g for g in dev_gold if g[1] == "concert_singer"][:3] + \
+        [g for g in dev_gold if g[1] == "wta_1"][:1]
+    (tmp_path / "gold.sql").write_text("".join(f"{sql}\t{db}\n" for sql, db in gold))
+    (tmp_path / "pred.sql").write_text("".join(f"{sql}\n" for sql, _ in gold))
+    assert main(["--gold", str(tmp_path / "gold.sql"), "--pred", str(tmp_path / "pred.sql"),
+                 "--db", str(spider_dir / "database"), "--table", str(spider_dir / "tables.json"),
+                 "--out", str(tmp_path / "report.json"), "--workers", "1",
+                 "--no-progress"]) == 0
+    written = json.loads((tmp_path / "report.json").read_text())
+    assert (written["ex"], written["ex_all"], written["skipped"]) == (1.0, 0.75, 1)
+    assert "EX with skipped as wrong 75.00%" in capsys.readouterr().out
+
+
 def test_scoring_all_dev_takes_seconds(gold_vs_gold):
     _, seconds = gold_vs_gold
     assert seconds < 30
