@@ -6,6 +6,7 @@ tokenizer and its chat template, so serving and publishing need nothing else.
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 from sqlrl.modeling import load_model_and_tokenizer
@@ -28,6 +29,9 @@ def merge_adapter(sft_dir: str | Path, adapter_dir: str | Path, out_dir: str | P
     settings = Path(sft_dir) / PROMPT_SETTINGS_FILE  # the prompts it was trained on, for serving
     if settings.is_file():
         shutil.copy2(settings, tmp / PROMPT_SETTINGS_FILE)
+    else:
+        print(f"merge: {settings} is missing, so models/final will not serve without every "
+              f"prompt setting given as a flag (rerun `dvc repro sft`)", file=sys.stderr)
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)  # a half-written model never sits at out_dir
     return {"sft": str(sft_dir), "adapter": str(adapter_dir),

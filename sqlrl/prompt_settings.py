@@ -10,8 +10,9 @@ import json
 from pathlib import Path
 
 PROMPT_SETTINGS_FILE = "sqlrl_prompt.json"
-FIELDS = ("schema_format", "sample_rows", "max_prompt_tokens", "system_prompt",
-          "mark_schema_mentions", "schema_repair")
+_TYPES = {"schema_format": str, "sample_rows": int, "max_prompt_tokens": int,
+          "system_prompt": str, "mark_schema_mentions": bool, "schema_repair": bool}
+FIELDS = tuple(_TYPES)
 
 
 class PromptSettingsError(FileNotFoundError):
@@ -28,18 +29,24 @@ def write_prompt_settings(model_dir: str | Path, prepare, schema_repair: bool) -
 
 
 def read_prompt_settings(model_dir: str | Path) -> dict:
-    """The settings saved with the model, every field present."""
+    """The settings saved with the model, every field present and of its type."""
     path = Path(model_dir) / PROMPT_SETTINGS_FILE
     try:
         settings = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise PromptSettingsError(
-            f"{path} is missing: the model was not trained by this pipeline's sft stage (or "
-            f"before prompt settings were saved); rerun `dvc repro sft`, or give every prompt "
-            f"setting on the command line") from None
+            f"{path} is missing, so the prompts this model was trained on are unknown: the "
+            f"sft stage writes it and merge copies it into models/final (a model trained "
+            f"before they did needs `dvc repro` again)") from None
     except (OSError, ValueError) as exc:
         raise PromptSettingsError(f"{path}: unreadable ({exc})") from None
+    if not isinstance(settings, dict):
+        raise PromptSettingsError(f"{path}: not a JSON object")
     missing = [name for name in FIELDS if name not in settings]
     if missing:
         raise PromptSettingsError(f"{path}: missing {', '.join(missing)}")
+    for name, kind in _TYPES.items():  # a hand-edited file fails here, not on every request
+        if type(settings[name]) is not kind:
+            raise PromptSettingsError(f"{path}: {name} must be of type {kind.__name__}, got "
+                                      f"{settings[name]!r}")
     return {name: settings[name] for name in FIELDS}

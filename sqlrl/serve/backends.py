@@ -4,7 +4,14 @@
   double). An asyncio micro-batcher collects concurrent requests for `batch_wait_s` (or until
   `max_batch_size`), groups them by sampling settings, and runs each group as one batched call
   in a single worker thread, so the event loop keeps serving while the model runs.
-- `AsyncVLLMBackend`: vLLM's AsyncLLMEngine, which batches continuously by itself.
+- `AsyncVLLMBackend`: vLLM's AsyncLLMEngine, which batches continuously by itself. Its
+  generate() streams by default, and with n > 1 each streamed output carries only the samples
+  that changed, so requests ask for the final output only and collect samples by index.
+
+Decoding is explicit in every backend (sqlrl.generate): greedy is argmax, sampling is plain
+temperature sampling; nothing comes from the model's generation_config.json. The context
+limit is the engine's (vLLM's max_model_len) or the model config's, so an over-long prompt
+is refused (413) before it reaches the model.
 
 `make_backend` picks one: vLLM (AsyncLLMEngine, else LLM) when installed and asked for, falling
 back to transformers with a warning when vLLM is absent or its engine cannot start.
@@ -196,14 +203,13 @@ class AsyncVLLMBackend:
 
     name = "vllm-async"
 
-    def __init__(self, vllm, engine, tokenizer, *, model_path: str, stop_ids=(),
-                 context_length: int | None = None):
+    def __init__(self, vllm, engine, tokenizer, *, model_path: str, stop_ids=()):
         self._vllm = vllm
         self.engine = engine
         self.tokenizer = tokenizer
         self.model_path = model_path
         self.stop_ids = list(stop_ids)
-        self.context_length = context_length
+        self.context_length = engine_context_length(engine)
         self._ids = itertools.count()
         self.requests = 0
 
@@ -220,20 +226,27 @@ class AsyncVLLMBackend:
     def info(self) -> dict:
         return {"engine": "AsyncLLMEngine", "requests": self.requests}
 
+    def sampling_params(self, n: int, temperature: float, max_new_tokens: int, seed: int):
+        """Every decoding field explicit (sqlrl.generate.vllm_sampling_settings), and the
+        final output only: the default (CUMULATIVE) streams one sample per output."""
+        from vllm.sampling_params import RequestOutputKind
+
+        from sqlrl.generate import vllm_sampling_settings
+
+        return self._vllm.SamplingParams(
+            **vllm_sampling_settings(n, temperature, max_new_tokens, self.stop_ids, seed),
+            output_kind=RequestOutputKind.FINAL_ONLY)
+
     async def complete(self, prompt: str, *, n: int = 1, temperature: float = 0.0,
                        max_new_tokens: int = 128, seed: int = 0) -> list[str]:
-        kwargs = dict(n=n, temperature=temperature, max_tokens=max_new_tokens)
-        if self.stop_ids:
-            kwargs["stop_token_ids"] = list(self.stop_ids)
-        if temperature > 0:
-            kwargs.update(top_p=1.0, seed=seed)
-        params = self._vllm.SamplingParams(**kwargs)
+        params = self.sampling_params(n, temperature, max_new_tokens, seed)
         request_id = f"sqlrl-{next(self._ids)}"
         self.requests += 1
-        final = None
+        texts: dict[int, str] = {}
         try:
             async for output in self.engine.generate(prompt, params, request_id):
-                final = output
+                for completion in output.outputs:  # by index: an output may hold only some
+                    texts[completion.index] = completion.text
         except asyncio.CancelledError:
             abort = getattr(self.engine, "abort", None)
             if callable(abort):
@@ -241,9 +254,9 @@ class AsyncVLLMBackend:
                 if asyncio.iscoroutine(result):
                     await result
             raise
-        if final is None:
-            raise RuntimeError("vLLM returned no output")
-        return [c.text for c in final.outputs]
+        if sorted(texts) != list(range(n)):
+            raise RuntimeError(f"vLLM returned {len(texts)} of the {n} samples asked for")
+        return [texts[i] for i in range(n)]
 
 
 # --------------------------------------------------------------------------- selection
@@ -270,10 +283,16 @@ def _context_length(config) -> int | None:
     return int(value) if isinstance(value, int) and value > 0 else None
 
 
+def engine_context_length(engine) -> int:
+    """The context vLLM enforces: its model config's max_model_len (the model's own or the
+    engine's max_model_len argument). vLLM refuses a longer prompt with a validation error."""
+    return int(engine.model_config.max_model_len)
+
+
 def _load_vllm(model_dir: str | Path, opts: BackendOptions):
     import vllm
 
-    from sqlrl.generate import VLLMGenerator, stop_token_ids
+    from sqlrl.generate import VLLM_ENGINE_SETTINGS, VLLMGenerator, stop_token_ids
     from sqlrl.modeling import load_tokenizer, model_location, read_base_record
 
     tokenizer = load_tokenizer(model_dir)
@@ -284,7 +303,8 @@ def _load_vllm(model_dir: str | Path, opts: BackendOptions):
         opts.vllm_engine == "auto" and hasattr(vllm, "AsyncLLMEngine")
         and hasattr(vllm, "AsyncEngineArgs"))
     if use_async:
-        args = vllm.AsyncEngineArgs(model=path, tokenizer=path, dtype=dtype, seed=opts.seed)
+        args = vllm.AsyncEngineArgs(model=path, tokenizer=path, dtype=dtype, seed=opts.seed,
+                                    **VLLM_ENGINE_SETTINGS)
         engine = vllm.AsyncLLMEngine.from_engine_args(args)
         return AsyncVLLMBackend(vllm, engine, tokenizer, model_path=str(model_dir),
                                 stop_ids=stops)
@@ -292,7 +312,8 @@ def _load_vllm(model_dir: str | Path, opts: BackendOptions):
                               dtype=dtype)
     return BatchingBackend(generator, tokenizer, name="vllm", model_path=str(model_dir),
                            max_batch_size=max(opts.max_batch_size, 64),
-                           batch_wait_s=opts.batch_wait_s, max_queue=opts.max_queue)
+                           batch_wait_s=opts.batch_wait_s, max_queue=opts.max_queue,
+                           context_length=engine_context_length(generator.llm))
 
 
 def _load_transformers(model_dir: str | Path, opts: BackendOptions):

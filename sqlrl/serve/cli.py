@@ -19,17 +19,22 @@ _HELP = {
     "spider_dir": "Spider release folder (tables.json, database/); db_id requests use it",
     "backend": "auto (vLLM if installed, else transformers) | transformers | vllm",
     "vllm_engine": "auto (AsyncLLMEngine when available) | async | llm",
-    "params_file": "params.yaml to read the prompt settings (prepare.*) from",
-    "schema_format": "override prepare.schema_format (compact | ddl)",
-    "sample_rows": "override prepare.sample_rows",
-    "system_prompt": "override prepare.system_prompt",
+    "schema_format": "override the model's prepare.schema_format (compact | ddl); the "
+                     "prompt settings come from MODEL/sqlrl_prompt.json, never params.yaml",
+    "sample_rows": "override the model's prepare.sample_rows",
+    "system_prompt": "override the model's prepare.system_prompt",
+    "mark_schema_mentions": "override the model's prepare.mark_schema_mentions (true | false)",
+    "schema_repair": "override the model's eval.schema_repair (true | false)",
+    "sample_rows_token_budget": "override the model's prepare.max_prompt_tokens (DDL sample "
+                                "rows shrink until a prompt fits; 0: no limit)",
     "dtype": "model dtype (float32, bfloat16); default: the model's own",
     "max_batch_size": "requests generated together at most",
     "batch_wait_ms": "how long the batcher waits for more requests to join a batch",
     "max_queue": "queued requests at most; beyond it requests get 503",
     "request_timeout_s": "deadline of one generation; beyond it the request gets 504",
     "max_body_bytes": "request body size limit (413 beyond)",
-    "max_prompt_tokens": "prompt token limit; 0: the model's context minus max_new_tokens",
+    "max_prompt_tokens": "prompt token limit (413 beyond); 0: the model's context minus "
+                         "max_new_tokens",
 }
 
 
@@ -88,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     import uvicorn
 
+    from sqlrl.prompt_settings import PromptSettingsError
     from sqlrl.serve.service import create_app
 
     args = build_parser().parse_args(argv)
@@ -96,6 +102,10 @@ def main(argv=None) -> int:
         print(f"serve: model folder {config.model!r} does not exist (train it with `dvc repro`,"
               f" or pass --model)", file=sys.stderr)
         return 2
-    app = create_app(config)
+    try:
+        app = create_app(config)
+    except (PromptSettingsError, ValueError) as exc:  # no or bad prompt settings
+        print(f"serve: {exc}", file=sys.stderr)
+        return 2
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0

@@ -1,4 +1,5 @@
-"""Served prompts, built exactly as training built them (sqlrl.prompts + the prepare params).
+"""Served prompts, built exactly as training built them (sqlrl.prompts + the prompt settings
+saved with the model, sqlrl_prompt.json).
 
 Three ways a request names its schema:
 - `schema_str`: schema text already serialised by the caller; used as it is.
@@ -32,33 +33,35 @@ class InputError(ValueError):
 
 @dataclass(frozen=True)
 class PromptSettings:
-    """The params that shape a prompt and its answer (read from params.yaml by default):
-    the prepare section, and eval.schema_repair."""
+    """The params that shaped the served model's training prompts (its sqlrl_prompt.json):
+    the prepare section's prompt fields, and eval.schema_repair."""
     schema_format: str
     sample_rows: int
     system_prompt: str
     mark_schema_mentions: bool = False
     schema_repair: bool = False
+    max_prompt_tokens: int = 0   # DDL sample rows shrink until a prompt fits (0: no limit)
+
+    def __post_init__(self):
+        if self.schema_format not in ("compact", "ddl"):
+            raise ValueError(f"schema format must be 'compact' or 'ddl', "
+                             f"got {self.schema_format!r}")
 
     @classmethod
-    def from_params(cls, params_file: str | Path | None = None, **overrides) -> "PromptSettings":
-        """The prepare section of params.yaml, with any non-None `overrides` on top."""
-        from sqlrl.params import PARAMS_FILE, load_params
+    def for_model(cls, model_dir: str | Path, **overrides) -> "PromptSettings":
+        """The settings saved in `model_dir`, each non-None override on top (per field).
+
+        Never params.yaml: the workspace may hold another profile than the one the model was
+        trained with. With every field overridden the folder needs no settings file."""
+        from sqlrl.prompt_settings import FIELDS, read_prompt_settings
 
         values = {k: v for k, v in overrides.items() if v is not None}
-        if set(values) < {"schema_format", "sample_rows", "system_prompt"}:
-            params = load_params(params_file or PARAMS_FILE)
-            prep = params.prepare
-            base = dict(schema_format=prep.schema_format, sample_rows=prep.sample_rows,
-                        system_prompt=prep.system_prompt,
-                        mark_schema_mentions=prep.mark_schema_mentions,
-                        schema_repair=params.eval.schema_repair)
-            values = {**base, **values}
-        settings = cls(**values)
-        if settings.schema_format not in ("compact", "ddl"):
-            raise ValueError(f"schema format must be 'compact' or 'ddl', "
-                             f"got {settings.schema_format!r}")
-        return settings
+        unknown = set(values) - set(FIELDS)
+        if unknown:
+            raise TypeError(f"unknown prompt setting(s): {', '.join(sorted(unknown))}")
+        if set(values) != set(FIELDS):
+            values = {**read_prompt_settings(model_dir), **values}
+        return cls(**values)
 
 
 # --------------------------------------------------------------------------- DDL
@@ -186,7 +189,8 @@ class PromptBuilder:
                 include_train_others=False, heldout_fraction=0.0, max_train_examples=0,
                 max_dev_examples=0, system_prompt=settings.system_prompt,
                 augment=AugmentParams(0, False, 0.0),
-                mark_schema_mentions=settings.mark_schema_mentions)
+                mark_schema_mentions=settings.mark_schema_mentions,
+                max_prompt_tokens=settings.max_prompt_tokens)
             self._factory = PromptFactory(prepare, self.schemas, self.spider_dir)
 
     # ------------------------------------------------------------------ databases

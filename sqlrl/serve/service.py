@@ -25,6 +25,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sqlrl.paths import SPIDER_DIR
+from sqlrl.prompt_settings import PromptSettingsError
 from sqlrl.serve.backends import BackendOptions, Busy, NotReady, make_backend
 from sqlrl.serve.prompting import InputError, PromptBuilder, PromptSettings
 
@@ -38,10 +39,13 @@ class ServeConfig:
     spider_dir: str = str(SPIDER_DIR)
     backend: str = "auto"                  # auto | transformers | vllm
     vllm_engine: str = "auto"              # auto | async | llm
-    params_file: str = ""                  # params.yaml the prompt settings come from
-    schema_format: str | None = None       # override prepare.schema_format
-    sample_rows: int | None = None         # override prepare.sample_rows
-    system_prompt: str | None = None       # override prepare.system_prompt
+    # prompt settings: the model folder's sqlrl_prompt.json; each of these overrides one
+    schema_format: str | None = None       # prepare.schema_format
+    sample_rows: int | None = None         # prepare.sample_rows
+    system_prompt: str | None = None       # prepare.system_prompt
+    mark_schema_mentions: bool | None = None  # prepare.mark_schema_mentions
+    schema_repair: bool | None = None      # eval.schema_repair
+    sample_rows_token_budget: int | None = None  # prepare.max_prompt_tokens
     dtype: str | None = None
     torch_threads: int = 0                 # CPU threads for torch (0: torch's default)
     # batching and deadlines
@@ -77,6 +81,32 @@ class ServeConfig:
     @classmethod
     def field_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
+
+    def prompt_overrides(self) -> dict:
+        """{prompt setting: override or None}, keyed as in sqlrl_prompt.json."""
+        return {name: getattr(self, field) for name, field in PROMPT_OVERRIDES.items()}
+
+
+# prompt setting (sqlrl_prompt.json) -> the ServeConfig field (and flag) that overrides it;
+# prepare.max_prompt_tokens has another name here: max_prompt_tokens is the request limit
+PROMPT_OVERRIDES = {"schema_format": "schema_format", "sample_rows": "sample_rows",
+                    "system_prompt": "system_prompt",
+                    "mark_schema_mentions": "mark_schema_mentions",
+                    "schema_repair": "schema_repair",
+                    "max_prompt_tokens": "sample_rows_token_budget"}
+
+
+def prompt_settings_for(config: ServeConfig) -> PromptSettings:
+    """The served model's prompt settings (PromptSettings.for_model), with the overrides of
+    `config`; a model folder without them is an error that names the flags to give."""
+    overrides = config.prompt_overrides()
+    try:
+        return PromptSettings.for_model(config.model, **overrides)
+    except PromptSettingsError as exc:
+        flags = ", ".join("--" + PROMPT_OVERRIDES[name].replace("_", "-")
+                          for name, value in overrides.items() if value is None)
+        raise PromptSettingsError(f"{exc}. To serve this model anyway, give the settings it "
+                                  f"was trained with: {flags}") from None
 
 
 class GenerateRequest(BaseModel):
@@ -155,9 +185,7 @@ class Service:
     def __init__(self, config: ServeConfig, backend=None, prompt_settings=None):
         self.config = config
         self.backend = backend
-        self.settings = prompt_settings or PromptSettings.from_params(
-            config.params_file or None, schema_format=config.schema_format,
-            sample_rows=config.sample_rows, system_prompt=config.system_prompt)
+        self.settings = prompt_settings or prompt_settings_for(config)
         self.prompts = PromptBuilder(self.settings, config.spider_dir or None)
         self.started = time.time()
         self.counts = Counter()
@@ -255,15 +283,17 @@ class Service:
         return render_prompt(self.backend.tokenizer, messages), db_path
 
     def check_prompt_length(self, prompt: str, max_new_tokens: int) -> int:
-        limit = self.config.max_prompt_tokens
+        """The prompt's tokens; a 413 past --max-prompt-tokens or, without it, past the
+        context the backend reports (vLLM: the engine's max_model_len) minus max_new_tokens."""
+        limit, why = self.config.max_prompt_tokens, "the server's --max-prompt-tokens"
         context = getattr(self.backend, "context_length", None)
         if not limit and context:
             limit = context - max_new_tokens
+            why = f"the model's context of {context} tokens minus max_new_tokens {max_new_tokens}"
         n_tokens = len(self.backend.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         if limit and n_tokens > limit:
             raise HTTPError(413, f"the prompt is {n_tokens} tokens, over the limit of {limit} "
-                                 f"(the model's context minus max_new_tokens); shorten the "
-                                 f"schema or question")
+                                 f"({why}); shorten the schema or question")
         return n_tokens
 
     def repaired(self, req: GenerateRequest, sqls: list[str]) -> list[str]:
@@ -383,9 +413,7 @@ class Service:
                 "model": self.config.model,
                 "uptime_s": round(time.time() - self.started, 1),
                 "load_seconds": self.load_seconds,
-                "prompt": {"schema_format": self.settings.schema_format,
-                           "sample_rows": self.settings.sample_rows,
-                           "mark_schema_mentions": self.settings.mark_schema_mentions},
+                "prompt": asdict(self.settings),
                 "spider": {"databases": len(self.prompts.schemas),
                            "error": self.prompts.spider_error or None},
                 "requests": dict(self.counts),

@@ -50,9 +50,12 @@ def pick_model(arg: str | None) -> Path:
 def default_profile_model(out: Path) -> Path:
     from sqlrl.modeling import build_scratch
     from sqlrl.params import compose_params, params_from_dict
+    from sqlrl.prompt_settings import write_prompt_settings
 
     params = params_from_dict(compose_params("cpu"))
     build_scratch(params.base, params.seed, ROOT / "data/prepared/sft.jsonl", out)
+    # the server builds prompts from the model folder's settings, as sft saves them
+    write_prompt_settings(out, params.prepare, params.eval.schema_repair)
     return out
 
 
