@@ -9,12 +9,13 @@ import shutil
 import sys
 from pathlib import Path
 
-from sqlrl.modeling import load_model_and_tokenizer
+from sqlrl.modeling import load_model_and_tokenizer, saved_dtype
 from sqlrl.prompt_settings import PROMPT_SETTINGS_FILE
 
 
 def merge_adapter(sft_dir: str | Path, adapter_dir: str | Path, out_dir: str | Path) -> dict:
     """Fold the adapter into the SFT weights and save; returns what was merged."""
+    import torch
     from peft import PeftModel
 
     adapter_dir, out_dir = Path(adapter_dir), Path(out_dir)
@@ -22,6 +23,7 @@ def merge_adapter(sft_dir: str | Path, adapter_dir: str | Path, out_dir: str | P
         raise FileNotFoundError(f"{adapter_dir}: no adapter_config.json (run the grpo stage)")
     model, tokenizer = load_model_and_tokenizer(sft_dir)
     merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
+    merged = merged.to(getattr(torch, saved_dtype(sft_dir)))  # the SFT model's (bf16 for Qwen)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     merged.save_pretrained(tmp, safe_serialization=True)

@@ -255,16 +255,34 @@ def load_tokenizer(model_dir: str | Path):
     return tokenizer
 
 
+def saved_dtype(model_dir: str | Path) -> str:
+    """The dtype a model folder is stored in (its base record's, else its config's): the
+    dtype every stage saves its output in, whatever it computed in."""
+    record = read_base_record(model_dir) or {}
+    if record.get("dtype"):
+        return record["dtype"]
+    path, _ = model_location(model_dir)
+    config = json.loads((Path(path) / "config.json").read_text())
+    return config.get("dtype") or config.get("torch_dtype") or "float32"
+
+
+def compute_dtype(model_dir: str | Path) -> str:
+    """The dtype to train and generate in: the saved one on a GPU; float32 on a CPU, where
+    bf16 matrix products are slow, or emulated about 33x slower without AVX-512 BF16."""
+    import torch
+
+    return saved_dtype(model_dir) if torch.cuda.is_available() else "float32"
+
+
 def load_model_and_tokenizer(model_dir: str | Path, dtype: str | None = None,
                              attn_implementation: str | None = None):
-    """Load models/base (either kind), models/sft or any save_pretrained folder."""
+    """Load models/base (either kind), models/sft or any save_pretrained folder, in `dtype`
+    or compute_dtype(model_dir)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     path, _ = model_location(model_dir)
-    record = read_base_record(model_dir) or {}
-    dtype = dtype or record.get("dtype") or "auto"  # auto: the dtype the folder was saved in
-    kwargs = {"dtype": dtype if dtype == "auto" else getattr(torch, dtype)}
+    kwargs = {"dtype": getattr(torch, dtype or compute_dtype(model_dir))}
     if attn_implementation:
         kwargs["attn_implementation"] = attn_implementation
     model = AutoModelForCausalLM.from_pretrained(path, **kwargs)

@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from sqlrl.modeling import load_model_and_tokenizer, n_parameters
+from sqlrl.modeling import load_model_and_tokenizer, n_parameters, saved_dtype
 from sqlrl.params import SftParams
 
 
@@ -208,7 +208,7 @@ def train_sft(params: SftParams, seed: int, base_dir: str | Path, data_path: str
     SFTTrainer = _trainer_class()
     model, tokenizer = load_model_and_tokenizer(base_dir,
                                                 attn_implementation=params.attn_implementation)
-    save_dtype = model.dtype
+    save_dtype = getattr(torch, saved_dtype(base_dir))  # the base model's (bf16 for Qwen)
     model.config.use_cache = False
     dataset = load_sft_dataset(data_path)
     callbacks = [_throughput_callback()]
@@ -234,7 +234,7 @@ def train_sft(params: SftParams, seed: int, base_dir: str | Path, data_path: str
     trained = trainer.model
     if params.use_lora:
         trained = trained.merge_and_unload()
-    trained = trained.to(save_dtype)  # the base model's dtype (bf16 for Qwen), not fp32
+    trained = trained.to(save_dtype)  # not the fp32 a CPU computed in
     trained.config.use_cache = True
     out_dir = Path(out_dir)
     shutil.rmtree(out_dir, ignore_errors=True)
