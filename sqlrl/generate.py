@@ -15,8 +15,8 @@ sampling is softmax(logits / temperature) with no truncation and no penalty, in 
   one that carries only its special-token ids, so settings whose "off" is "unset" (min_p,
   suppress_tokens, bad_words_ids, prompt lookup, ...) cannot come from the checkpoint either.
   Prompts are sorted by token length and batched (less padding), left padding, KV cache,
-  stops at EOS (<|im_end|> and the tokenizer's eos), cuts at `max_new_tokens`, a tqdm bar on
-  stderr. Results come back in the original order.
+  stops at EOS (<|im_end|> and the tokenizer's eos), cuts at `max_new_tokens`, progress on
+  stderr (sqlrl/progress.py). Results come back in the original order.
 - `VLLMGenerator`: vLLM's LLM built with `generation_config="vllm"` (no sampling defaults
   from the checkpoint) and SamplingParams with every decoding field explicit
   (`vllm_sampling_settings`). vLLM is imported lazily, only when this class is built.
@@ -169,8 +169,9 @@ class HFGenerator:
         """Completion token ids per prompt: a list of ids (n == 1, greedy when temperature is
         0) or a list of n lists of ids (n > 1, sampled), in the prompts' order."""
         import torch
-        from tqdm.auto import tqdm
         from transformers import set_seed
+
+        from sqlrl.progress import Progress
 
         if n < 1:
             raise ValueError("n must be >= 1")
@@ -184,8 +185,7 @@ class HFGenerator:
             set_seed(seed)
         results: list = [None] * len(prompts)
         device = self.model.device
-        with tqdm(total=len(prompts), desc=self.desc, unit="ex", file=sys.stderr,
-                  disable=not self.progress, dynamic_ncols=True) as bar, \
+        with Progress(len(prompts), self.desc, unit="ex", enabled=self.progress) as bar, \
                 torch.inference_mode(), _bare_generation_config(self.model):
             for start in range(0, len(order), self.batch_size):
                 batch = order[start:start + self.batch_size]

@@ -21,7 +21,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sqlrl.hardware import resolve_bf16, set_torch_threads
 from sqlrl.params import GrpoParams
+from sqlrl.progress import trainer_progress
 
 DVCLIVE_DIR = "dvclive/grpo"
 PROMPTS_PATH = "data/grpo_prompts.jsonl"   # the grpo_prompts stage's output
@@ -184,9 +186,9 @@ def grpo_config(params: GrpoParams, seed: int, output_dir: str, max_steps: int |
         scale_rewards=params.scale_rewards, num_iterations=params.num_iterations,
         reward_weights=[params.reward_weights.execution, params.reward_weights.syntax],
         use_vllm=use_vllm(params), vllm_mode=params.vllm_mode,
-        bf16=params.bf16, gradient_checkpointing=params.gradient_checkpointing,
+        bf16=resolve_bf16(params.bf16)[0], gradient_checkpointing=params.gradient_checkpointing,
         logging_steps=params.logging_steps, save_steps=params.save_steps, save_total_limit=2,
-        report_to="none", disable_tqdm=False, remove_unused_columns=False,
+        report_to="none", disable_tqdm=True, remove_unused_columns=False,
         use_cpu=not _cuda(), dataloader_num_workers=0,
     )
 
@@ -244,7 +246,7 @@ def summarize_log(history: list[dict], timer: StepTimer, steps: int, wall_s: flo
 
 def train_grpo(params: GrpoParams, seed: int, sft_dir: str | Path, rows: list[dict],
                out_dir: str | Path, reward_funcs: list, checkpoint_dir: str | Path = CHECKPOINT_DIR,
-               dvclive_dir: str | None = DVCLIVE_DIR) -> dict:
+               dvclive_dir: str | None = DVCLIVE_DIR, torch_threads: int = 0) -> dict:
     """Train the LoRA adapter on `rows` (prompt, gold_sql, db_path, ...) and save it to out_dir.
     Every column reaches the reward functions (TRL passes them as keyword arguments)."""
     from datasets import Dataset
@@ -253,6 +255,7 @@ def train_grpo(params: GrpoParams, seed: int, sft_dir: str | Path, rows: list[di
 
     from sqlrl.modeling import load_model_and_tokenizer
 
+    threads = set_torch_threads(torch_threads)
     set_seed(seed)
     timer = StepTimer()
     model, tokenizer = load_model_and_tokenizer(sft_dir)
@@ -260,7 +263,7 @@ def train_grpo(params: GrpoParams, seed: int, sft_dir: str | Path, rows: list[di
     resume_from = last_checkpoint(checkpoint_dir) if params.resume else None
     if not params.resume:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
-    live, callbacks = None, []
+    live, callbacks = None, [trainer_progress("grpo")]
     if dvclive_dir:  # optional: the GPU rehearsal runs where dvclive is not installed
         from dvclive import Live
         from transformers.integrations import DVCLiveCallback
@@ -291,7 +294,8 @@ def train_grpo(params: GrpoParams, seed: int, sft_dir: str | Path, rows: list[di
     world = trainer.accelerator.num_processes
     metrics.update(world_size=world, prompts_per_step=params.prompts_per_step(world),
                    completions_per_step=params.batch_size * params.grad_accum * world,
-                   use_vllm=bool(args.use_vllm))
+                   use_vllm=bool(args.use_vllm), torch_threads=threads, bf16=bool(args.bf16),
+                   bf16_reason=resolve_bf16(params.bf16)[1])
     print(f"grpo: reward {metrics['first_mean_reward']} -> {metrics['final_mean_reward']} "
           f"over {metrics['steps']} steps", file=sys.stderr)
     return metrics

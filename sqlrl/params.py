@@ -29,6 +29,11 @@ class ParamsError(ValueError):
     """params.yaml does not match what the pipeline expects."""
 
 
+def _check_bf16(name: str, value: bool | str) -> None:
+    if value not in (True, False, "auto"):
+        raise ParamsError(f"{name} must be true, false or auto, got {value!r}")
+
+
 @dataclass(frozen=True)
 class AugmentParams:
     """Schema-grounding augmentation of sft.jsonl (sqlrl/augment.py); copies: 0 = off."""
@@ -121,7 +126,7 @@ class SftParams:
     batch_size: int
     grad_accum: int
     max_length: int
-    bf16: bool
+    bf16: bool | str           # true | false | auto (sqlrl/hardware.py: bf16 where it is fast)
     gradient_checkpointing: bool
     lr_scheduler: str          # transformers scheduler name: cosine, linear, constant, ...
     warmup_ratio: float        # share of the steps spent warming up the learning rate
@@ -129,13 +134,13 @@ class SftParams:
     group_by_length: bool      # batches of similar length (less padding: faster on a CPU)
     attn_implementation: str   # "sdpa" | "eager" | "flash_attention_2"
     logging_steps: int
-    torch_threads: int         # CPU threads for torch; 0 = torch's default
     completion_only_loss: bool  # False: the prompt tokens are trained on too (schema + question)
     # with completion_only_loss false: a prompt token's loss weight relative to a completion
     # token's (1.0: every token alike; smaller keeps the completion from being drowned out)
     prompt_loss_weight: float
 
     def __post_init__(self):
+        _check_bf16("sft.bf16", self.bf16)
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise ParamsError(f"sft.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if not 0.0 < self.prompt_loss_weight <= 1.0:
@@ -184,13 +189,14 @@ class GrpoParams:
     lora: LoraParams
     use_vllm: bool
     vllm_mode: str             # colocate | server
-    bf16: bool
+    bf16: bool | str           # true | false | auto (sqlrl/hardware.py: bf16 where it is fast)
     gradient_checkpointing: bool
     logging_steps: int
     save_steps: int            # checkpoint every N steps (resume)
     resume: bool               # continue from the last checkpoint of an interrupted run
 
     def __post_init__(self):
+        _check_bf16("grpo.bf16", self.bf16)
         if self.batch_size % self.num_generations:
             raise ParamsError(f"grpo.batch_size ({self.batch_size}) must be a multiple of "
                               f"grpo.num_generations ({self.num_generations})")
@@ -229,6 +235,7 @@ class EvalParams:
 class Params:
     seed: int
     profile: str
+    torch_threads: int         # CPU threads for torch in every stage; 0 = the usable cores
     prepare: PrepareParams
     base: BaseParams
     sft: SftParams

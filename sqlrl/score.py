@@ -22,9 +22,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from tqdm import tqdm
 
 from sqlrl.executor import ExecLimits
+from sqlrl.progress import Progress
 from sqlrl.rewards import Judgement, JudgePool
 
 HARDNESS_LEVELS = ("easy", "medium", "hard", "extra")
@@ -48,8 +48,7 @@ def score_predictions(gold: list[tuple[str, str]], preds: list[str], db_dir, tab
     items = [(str((db_dir / db_id / f"{db_id}.sqlite").absolute()), sql, pred)
              for (sql, db_id), pred in zip(gold, preds)]
     pool = _pool(limits or ExecLimits(timeout_s=EVAL_TIMEOUT_S), workers, keep_distinct)
-    with tqdm(total=len(items), desc="score", unit="query", file=sys.stderr,
-              disable=not progress) as bar:
+    with Progress(len(items), "score", unit="query", enabled=progress) as bar:
         judgements = pool.judge_many(items, progress=bar.update)
     em_tools = _spider_eval()
     report_items = [_item(i, sql, db_id, pred, judgement, schemas.get(db_id), em_tools)

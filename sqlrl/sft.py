@@ -9,7 +9,7 @@
   into the weights with `merge_and_unload`, or full fine-tuning (the CPU profile: LoRA on random
   weights does not learn). Either way the output is a plain model folder.
 - bf16 and gradient checkpointing are set explicitly from params (TRL's defaults, both on, are
-  wrong for a CPU).
+  wrong for a CPU); `sft.bf16: auto` picks bf16 only where it is fast (sqlrl/hardware.py).
 - Curves (loss, learning rate, tokens/s) go to dvclive/sft/plots/metrics through DVCLive,
   which must not rewrite dvc.yaml (dvcyaml=False) nor make DVC experiments.
 """
@@ -21,8 +21,10 @@ import tempfile
 import time
 from pathlib import Path
 
+from sqlrl.hardware import resolve_bf16, set_torch_threads
 from sqlrl.modeling import load_model_and_tokenizer, n_parameters, saved_dtype
 from sqlrl.params import SftParams
+from sqlrl.progress import trainer_progress
 
 
 class SftDataError(ValueError):
@@ -171,7 +173,8 @@ def sft_config(params: SftParams, seed: int, output_dir: str, **overrides):
         output_dir=output_dir, num_train_epochs=params.epochs,
         learning_rate=params.learning_rate, per_device_train_batch_size=params.batch_size,
         gradient_accumulation_steps=params.grad_accum, max_length=params.max_length,
-        bf16=params.bf16, fp16=False, gradient_checkpointing=params.gradient_checkpointing,
+        bf16=resolve_bf16(params.bf16)[0], fp16=False,
+        gradient_checkpointing=params.gradient_checkpointing,
         lr_scheduler_type=params.lr_scheduler, warmup_steps=params.warmup_ratio,
         weight_decay=params.weight_decay,
         # a weighted prompt loss needs labels that mark the completion (the trainer adds the prompt)
@@ -196,14 +199,13 @@ def lora_config(params: SftParams):
 
 
 def train_sft(params: SftParams, seed: int, base_dir: str | Path, data_path: str | Path,
-              out_dir: str | Path, dvclive_dir: str | None = DVCLIVE_DIR,
+              out_dir: str | Path, dvclive_dir: str | None = DVCLIVE_DIR, torch_threads: int = 0,
               **config_overrides) -> dict:
     """Fine-tune models/base on sft.jsonl, save the merged model to out_dir, return metrics."""
     import torch
     from transformers import set_seed
     from transformers.integrations import DVCLiveCallback
-    if params.torch_threads > 0:
-        torch.set_num_threads(params.torch_threads)
+    threads = set_torch_threads(torch_threads)
     set_seed(seed)
     SFTTrainer = _trainer_class()
     model, tokenizer = load_model_and_tokenizer(base_dir,
@@ -211,7 +213,7 @@ def train_sft(params: SftParams, seed: int, base_dir: str | Path, data_path: str
     save_dtype = getattr(torch, saved_dtype(base_dir))  # the base model's (bf16 for Qwen)
     model.config.use_cache = False
     dataset = load_sft_dataset(data_path)
-    callbacks = [_throughput_callback()]
+    callbacks = [_throughput_callback(), trainer_progress("sft")]
     if dvclive_dir:
         from dvclive import Live
         shutil.rmtree(dvclive_dir, ignore_errors=True)
@@ -255,7 +257,9 @@ def train_sft(params: SftParams, seed: int, base_dir: str | Path, data_path: str
         "tokens_per_second": round(tokens / wall, 1) if tokens else None,
         "n_params": n_parameters(trained),
         "use_lora": params.use_lora,
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": threads,
+        "bf16": bool(args.bf16),
+        "bf16_reason": resolve_bf16(params.bf16)[1],
     }
     return metrics
 

@@ -18,6 +18,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from sqlrl.compare import compare_predictions  # noqa: E402
 from sqlrl.evaluate import evaluate_model, read_jsonl, write_jsonl  # noqa: E402
+from sqlrl.hardware import set_torch_threads  # noqa: E402
 from sqlrl.metrics import write_metrics  # noqa: E402
 from sqlrl.modeling import BaseModelError  # noqa: E402
 from sqlrl.params import ParamsError, load_params  # noqa: E402
@@ -43,6 +44,7 @@ def main(argv: list[str], root: Path = REPO_ROOT) -> int:
         return 1
     try:
         params = load_params(root / "params.yaml")
+        set_torch_threads(params.torch_threads)
         splits = {split: root / path for split, path in SPLITS.items()}
         metrics, predictions = evaluate_model(model_dir, params.eval, params.seed, splits)
     except (ParamsError, BaseModelError, FileNotFoundError) as exc:

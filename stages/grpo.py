@@ -16,7 +16,7 @@ def main() -> int:
     params = load_params()
     rows = read_jsonl(PROMPTS_PATH)
     metrics = train_grpo(params.grpo, params.seed, SFT_DIR, rows, "models/grpo_adapter",
-                         reward_functions(params.grpo))
+                         reward_functions(params.grpo), torch_threads=params.torch_threads)
     metrics["train_prompts"] = len(rows)  # what each filter dropped: metrics/grpo_prompts.json
     write_metrics("metrics/grpo.json", metrics)
     return 0

@@ -17,6 +17,7 @@ from sqlrl.evaluate import read_jsonl, write_jsonl
 from sqlrl.executor import SQLExecutor
 from sqlrl.grpo import PROMPTS_PATH, reward_functions, sampled_pass_rates, select_prompts
 from sqlrl.metrics import write_metrics
+from sqlrl.hardware import set_torch_threads
 from sqlrl.params import GrpoParams, load_params
 from sqlrl.paths import REPO_ROOT
 
@@ -37,6 +38,7 @@ def main(root: Path = REPO_ROOT) -> int:
     root = Path(root)
     params = load_params(root / "params.yaml")
     grpo = params.grpo
+    set_torch_threads(params.torch_threads)
     execution_reward = reward_functions(grpo)[0]
 
     def pass_rates(rows):

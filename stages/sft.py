@@ -19,7 +19,7 @@ def main() -> int:
     try:
         params = load_params()
         metrics = train_sft(params.sft, params.seed, "models/base", "data/prepared/sft.jsonl",
-                            "models/sft")
+                            "models/sft", torch_threads=params.torch_threads)
         # the prompts this model was trained on, for the server (never the workspace's params)
         write_prompt_settings("models/sft", params.prepare, params.eval.schema_repair)
     except (ParamsError, BaseModelError, SftDataError) as exc:
@@ -28,7 +28,8 @@ def main() -> int:
     write_metrics("metrics/sft.json", metrics)
     print(f"sft: {metrics['rows_trained']} of {metrics['examples']} rows trained (none cut), "
           f"{metrics['steps']} steps, final loss {metrics['final_loss']}, "
-          f"{metrics['wall_seconds']} s, {metrics['tokens_per_second']} tokens/s -> models/sft")
+          f"{metrics['wall_seconds']} s, {metrics['tokens_per_second']} tokens/s "
+          f"({'bf16' if metrics['bf16'] else 'fp32'}: {metrics['bf16_reason']}) -> models/sft")
     return 0
 
 

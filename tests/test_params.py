@@ -60,9 +60,18 @@ def test_cpu_profile_sets_cpu_settings_explicitly():
     p = params_from_dict(compose_params("cpu"))
     assert p.base.source == "scratch" and not p.sft.use_lora
     assert not (p.sft.gradient_checkpointing or p.grpo.use_vllm)
-    assert p.sft.bf16  # set explicitly: CPU autocast (AVX-512 bf16), measured faster
+    assert (p.sft.bf16, p.grpo.bf16) == ("auto", "auto")  # bf16 only where it is fast
+    assert p.torch_threads == 0  # the cores this process may use
     assert p.sft.attn_implementation == "eager"
     assert p.prepare.heldout_fraction == 0.1
+
+
+@pytest.mark.parametrize("value", ["fast", 1, None])
+def test_a_bf16_setting_other_than_true_false_auto_is_refused(value):
+    data = compose_params("cpu")
+    data["sft"]["bf16"] = value
+    with pytest.raises(ParamsError, match="sft.bf16"):
+        params_from_dict(data)
 
 
 def test_schema_grounding_is_off_in_the_reference_profile():

@@ -43,8 +43,10 @@ def test_dataset_is_conversational_prompt_completion(base_dir):
     assert ds[0]["completion"][0]["role"] == "assistant"
 
 
-def test_full_fine_tuning_writes_a_plain_model_metrics_and_curves(base_dir, monkeypatch):
+def test_full_fine_tuning_writes_a_plain_model_metrics_and_curves(base_dir, monkeypatch, capsys):
     from transformers import AutoModelForCausalLM
+
+    from sqlrl.hardware import usable_cores
 
     monkeypatch.chdir(base_dir)
     out = base_dir / "out_full"
@@ -53,6 +55,10 @@ def test_full_fine_tuning_writes_a_plain_model_metrics_and_curves(base_dir, monk
     assert metrics["steps"] == 3 and metrics["epochs"] == 1.0
     assert metrics["final_loss"] > 0 and metrics["tokens_per_second"] > 0
     assert metrics["wall_seconds"] > 0
+    assert (metrics["bf16"], metrics["bf16_reason"]) == (False, "set in params")
+    assert metrics["torch_threads"] == usable_cores()
+    # not a terminal (pytest captures stderr): plain progress lines, the last one complete
+    assert "sft: 100% 3/3 [" in capsys.readouterr().err
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.model_type == "qwen2"
     plots = base_dir / "dvclive/sft/plots/metrics"
