@@ -193,6 +193,25 @@ def grpo_config(params: GrpoParams, seed: int, output_dir: str, max_steps: int |
     )
 
 
+def score_completions_only_on_cpu() -> bool:
+    """TRL 1.16's fused LM head scores only the completion tokens on a Triton device, but every
+    position (prompt included) elsewhere, to keep tile shapes fixed for compiled backends. A CPU
+    runs eagerly, so score only the completions there too: the same log-probabilities, and the
+    vocabulary-sized head runs on ~100 completion tokens instead of ~400 prompt + completion
+    (on Qwen's 152k vocabulary that head dominates a CPU step). False when TRL has no such hook."""
+    import trl.trainer.utils as trl_utils
+
+    original = getattr(trl_utils, "_use_triton", None)
+    if original is None:
+        return False
+    if not getattr(original, "completions_only_on_cpu", False):
+        def compact(device) -> bool:
+            return device.type == "cpu" or original(device)
+        compact.completions_only_on_cpu = True
+        trl_utils._use_triton = compact
+    return True
+
+
 def _cuda() -> bool:
     import torch
     return torch.cuda.is_available()
@@ -270,6 +289,7 @@ def train_grpo(params: GrpoParams, seed: int, sft_dir: str | Path, rows: list[di
         live = Live(dvclive_dir, dvcyaml=False, save_dvc_exp=False, resume=bool(resume_from))
         callbacks.append(DVCLiveCallback(live=live))
     args = grpo_config(params, seed, str(checkpoint_dir))
+    score_completions_only_on_cpu()
     trainer = GRPOTrainer(
         model=model, reward_funcs=[timer.wrap_reward(f) for f in reward_funcs],
         args=args, train_dataset=dataset, processing_class=tokenizer,

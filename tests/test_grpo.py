@@ -194,3 +194,39 @@ def test_pass_rate_counts_solved_samples_not_partial_credit():
                                Template(), 4, 1.0, 0,
                                lambda completions, **kw: [1.0, 0.1, 0.1, 0.0])
     assert rates == [0.25]
+
+
+def test_on_a_cpu_only_completion_tokens_are_scored_with_the_same_log_probs(tiny_sft,
+                                                                              monkeypatch):
+    """TRL's fused head scores every position without Triton; the pipeline makes it score only
+    the completion tokens on a CPU (the prompt is most of a GRPO row), with equal log-probs."""
+    import trl.trainer.utils as trl_utils
+    from transformers import AutoModelForCausalLM
+    from trl.kernels.chunked_logprob import _use_triton as stock
+
+    from sqlrl.grpo import score_completions_only_on_cpu
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_sft)
+    trl_utils.add_fused_lm_head(model)
+    ids = torch.randint(5, 300, (2, 12), generator=torch.Generator().manual_seed(0))
+    labels = ids.clone()
+    labels[:, :9] = -100  # a 9-token prompt, 3 completion tokens per row
+    scored = []
+    apply = trl_utils._ChunkedLogProbFunction.apply
+    monkeypatch.setattr(trl_utils._ChunkedLogProbFunction, "apply",
+                        staticmethod(lambda hidden, *a: scored.append(len(hidden)) or
+                                     apply(hidden, *a)))
+
+    def log_probs():
+        with torch.no_grad():
+            return model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels,
+                         fused_lm_head=True).log_probs
+
+    monkeypatch.setattr(trl_utils, "_use_triton", stock)
+    every_position = log_probs()
+    assert score_completions_only_on_cpu()
+    completions_only = log_probs()
+    assert scored == [2 * 11, 2 * 3]
+    valid = labels[:, 1:] != -100
+    torch.testing.assert_close(completions_only[valid], every_position[valid])
+    assert (completions_only[~valid] == 0).all()
