@@ -8,9 +8,11 @@ installed here: its paths run against a stand-in module in sys.modules.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import re
+import socket
 import sys
 import threading
 import time
@@ -230,7 +232,7 @@ def test_num_samples_votes_by_execution(client):
 def test_health_models_and_databases(client, trained):
     health = client.get("/health").json()
     assert health["status"] == "ok" and health["model_loaded"] is True
-    assert health["backend"] == "transformers" and health["model"] == str(trained)
+    assert health["backend"] == "transformers" and health["model"] == trained.name
     assert health["spider"]["databases"] > 100
     models = client.get("/v1/models").json()
     assert models["object"] == "list" and models["data"][0]["id"] == trained.name
@@ -364,7 +366,8 @@ def test_a_hung_generation_times_out_with_504_and_a_failure_is_a_500(trained, to
     with TestClient(_scripted_app(trained, tokenizer, broken)) as c:
         r = c.post("/generate", json={"question": Q, "db_id": "concert_singer"})
         assert r.status_code == 500
-        assert r.json()["detail"] == "generation failed: RuntimeError: CUDA out of memory"
+        assert r.json()["detail"] == "generation failed (the server log has the details)"
+        assert "CUDA" not in r.text  # logged, not shown
         broken.error = None  # the next batch works again
         r = c.post("/generate", json={"question": Q, "db_id": "concert_singer"})
         assert r.status_code == 200 and r.json()["sql"] == "SELECT 1"
@@ -856,14 +859,15 @@ def test_module_app_is_built_from_env_without_loading_a_model(monkeypatch, train
     assert serve.main(["--model", str(trained / "absent")]) == 2
 
 
-def test_real_uvicorn_server_answers_32_concurrent_requests(trained):
-    import httpx
+@contextlib.contextmanager
+def _serving(app):
+    """`app` on a real uvicorn server with the settings `python -m sqlrl.serve` runs
+    (cli.uvicorn_config), in a thread; yields the base URL."""
     import uvicorn
 
-    app = create_app(_config(trained, max_batch_size=8, batch_wait_ms=5),
-                     prompt_settings=SETTINGS)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                           lifespan="on"))
+    from sqlrl.serve.cli import uvicorn_config
+
+    server = uvicorn.Server(uvicorn_config(app, port=0, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
@@ -871,9 +875,19 @@ def test_real_uvicorn_server_answers_32_concurrent_requests(trained):
         while not server.started:
             assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
             time.sleep(0.05)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        base = f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+    assert not thread.is_alive()
 
+
+def test_real_uvicorn_server_answers_32_concurrent_requests(trained):
+    import httpx
+
+    app = create_app(_config(trained, max_batch_size=8, batch_wait_ms=5),
+                     prompt_settings=SETTINGS)
+    with _serving(app) as base:
         async def burst():
             async with httpx.AsyncClient(base_url=base, timeout=60) as http:
                 bodies = [{"question": PAIRS[i % len(PAIRS)][0], "db_id": "concert_singer",
@@ -889,7 +903,200 @@ def test_real_uvicorn_server_answers_32_concurrent_requests(trained):
         batching = health["batching"]
         assert batching["requests"] == 32 and batching["largest_batch"] > 1  # batched
         assert batching["batches"] < 32
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-    assert not thread.is_alive()
+
+
+# --------------------------------------------------------------------------- public deployment
+
+DEEP_DDL = "CREATE TABLE t (a INT DEFAULT " + "(" * 300 + "1" + ")" * 300 + ");"
+DIGITS = "1" * 5000  # over Python's 4300-digit limit for int(): json.loads raises ValueError
+MALFORMED = [  # raw JSON bodies the server cannot understand: a 4xx saying why, never a 500
+    (json.dumps({"question": Q, "ddl": DEEP_DDL}), 422, "ddl: nested too deeply"),
+    ('{"question": "%s", "db_id": "concert_singer", "seed": %s}' % (Q, DIGITS), 400,
+     "a number of more than 4300 digits"),
+    ('{"question": %s, "db_id": "concert_singer"}' % DIGITS, 400, "more than 4300 digits"),
+    ('{"question": "%s", "db_id": "concert_singer", "x": [[%s]]}' % (Q, DIGITS), 400, "digits"),
+    (json.dumps({"question": Q, "db_id": "concert_singer", "temperature": 1e-300}), 422,
+     "temperature must be 0 (greedy) or between 0.01 and 2, got 1e-300"),
+    (json.dumps({"question": Q, "ddl": CONCERT_DDL, "num_samples": 2, "temperature": 1e-3}),
+     422, "temperature must be 0 (greedy) or between 0.01"),
+    ('{"question": "%s", "db_id": "concert_singer", "temperature": NaN}' % Q, 422,
+     "temperature must"),
+    ('{"question": "%s", "db_id": "concert_singer", "temperature": -Infinity}' % Q, 422,
+     "temperature must"),
+    ('{"question": "%s", "db_id": "concert_singer", "max_new_tokens": 1e400}' % Q, 422,
+     "max_new_tokens: Input should be a valid integer"),
+    ('{"question": "%s", "db_id": "concert_singer", "max_rows": %s}' % (Q, "9" * 4000), 422,
+     "max_rows must be between 0 and 100"),
+]
+
+
+def test_requests_the_server_cannot_understand_get_a_4xx_never_a_500(client):
+    """Issue item 5: deep DDL (RecursionError in sqlglot), a 5000-digit number (json.loads'
+    ValueError), a temperature so small sampling gets NaN probabilities."""
+    for body, status, fragment in MALFORMED:
+        r = client.post("/generate", content=body.encode(),
+                        headers={"content-type": "application/json"})
+        assert r.status_code == status, (body[:80], r.text[:300])
+        assert fragment in r.json()["detail"], (body[:80], r.json())
+    r = client.post("/generate", json={"question": Q, "db_id": "concert_singer",
+                                       "temperature": 0.01, "max_new_tokens": 4})
+    assert r.status_code == 200  # the lowest temperature samples without NaNs
+
+
+def test_an_unexpected_failure_is_a_logged_500_that_names_nothing_internal(
+        trained, tokenizer, monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise KeyError("/srv/private/spider/tables.json")
+
+    app = _scripted_app(trained, tokenizer, _ScriptedGenerator())
+    with TestClient(app) as c:
+        monkeypatch.setattr(app.state.service.prompts, "messages", broken)
+        r = c.post("/generate", json={"question": Q, "db_id": "concert_singer"})
+    assert r.status_code == 500
+    assert r.json() == {"detail": "internal server error (the server log has the details)"}
+    assert "/srv/private" in caplog.text and "KeyError" in caplog.text  # the log has it all
+
+
+def test_health_answers_while_ddl_is_parsed_and_ddl_size_is_bounded(trained, tokenizer):
+    """Issue item 6: DDL is parsed off the event loop (once per request, though schema repair
+    needs the schema again), and its length is capped where the parse cost grows."""
+    import httpx
+
+    def ddl(prefix: str) -> str:  # ~110 kB: about a second of sqlglot on a busy CPU
+        return "\n".join(f"CREATE TABLE {prefix}{i} (id INT PRIMARY KEY, name TEXT, v REAL, "
+                         f"ref INT REFERENCES {prefix}0(id));" for i in range(1200))
+
+    t0 = time.perf_counter()
+    schema_from_ddl(ddl("probe"))  # another text than the requests': nothing cached for them
+    parse_s = time.perf_counter() - t0
+    repair = dataclasses.replace(SETTINGS, schema_repair=True)
+    app = _scripted_app(trained, tokenizer, _ScriptedGenerator(), prompt_settings=repair,
+                        max_ddl_chars=120_000)
+    with _serving(app) as base:
+        async def scenario():
+            async with httpx.AsyncClient(base_url=base, timeout=120) as http:
+                posts = [asyncio.ensure_future(http.post(
+                    "/generate", json={"question": Q, "ddl": ddl(f"t{k}_")}))
+                    for k in range(3)]
+                await asyncio.sleep(0.2)  # the bodies are in: parsing
+                latencies = []
+                while not all(p.done() for p in posts):
+                    t = time.perf_counter()
+                    assert (await http.get("/health")).status_code == 200
+                    latencies.append(time.perf_counter() - t)
+                return await asyncio.gather(*posts), latencies
+
+        responses, latencies = asyncio.run(scenario())
+    assert [r.status_code for r in responses] == [200] * 3, responses[0].text
+    assert latencies and max(latencies) < parse_s / 2, (latencies, parse_s)
+    with TestClient(_scripted_app(trained, tokenizer, _ScriptedGenerator())) as c:
+        r = c.post("/generate", json={"question": Q, "ddl": CONCERT_DDL * 50})
+    assert r.status_code == 413
+    assert r.json()["detail"] == (f"ddl is {len(CONCERT_DDL) * 50} characters, over the "
+                                  f"server's limit of 32000")
+
+
+def _raw_post(body: dict) -> bytes:
+    data = json.dumps(body).encode()
+    return (f"POST /generate HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode() + data
+
+
+def _raw_response(sock) -> tuple[int, bytes]:
+    """Status and body of the response on `sock`, read until the server closes it."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+def _wait_until(condition, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def test_requests_whose_client_has_gone_never_reach_the_model(trained, tokenizer):
+    """Issue item 7: five clients queue behind a busy model and leave; only the request whose
+    client waited (and a later one) are generated."""
+    import httpx
+
+    gen = _ScriptedGenerator(delay=60.0)
+    app = _scripted_app(trained, tokenizer, gen, max_batch_size=1)
+    body = {"question": Q, "db_id": "concert_singer"}
+    with _serving(app) as base:
+        host, port = base.removeprefix("http://").split(":")
+        backend = app.state.service.backend
+        try:
+            first = socket.create_connection((host, int(port)), timeout=30)
+            first.sendall(_raw_post(body))
+            _wait_until(lambda: gen.calls == [1])  # in the model
+            leavers = [socket.create_connection((host, int(port))) for _ in range(5)]
+            for sock in leavers:
+                sock.sendall(_raw_post(body))
+            _wait_until(lambda: backend.stats.requests == 6)  # all five queued
+            for sock in leavers:
+                sock.close()
+            _wait_until(lambda: app.state.service.counts["499"] == 5)
+        finally:
+            gen.release.set()
+        status, _ = _raw_response(first)
+        first.close()
+        assert status == 200
+        assert httpx.post(base + "/generate", json=body, timeout=30).status_code == 200
+    assert gen.calls == [1, 1]  # the five abandoned requests were dropped before the model
+    assert backend.stats.expired == 5
+
+
+def test_slow_bodies_time_out_with_408_and_huge_headers_get_431(trained, tokenizer):
+    """Issue item 7: a body that never finishes arriving is cut off; a 200 kB header gets a
+    431 (uvicorn alone answers 400 and resets the connection)."""
+    import httpx
+
+    app = _scripted_app(trained, tokenizer, _ScriptedGenerator(), body_timeout_s=0.5)
+    with _serving(app) as base:
+        host, port = base.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as sock:
+            sock.sendall(b"POST /generate HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n"
+                         b"Content-Type: application/json\r\n\r\n{\"question\": ")
+            t0 = time.monotonic()
+            status, answer = _raw_response(sock)  # the other 87 bytes never come
+        assert status == 408 and time.monotonic() - t0 < 5
+        assert json.loads(answer)["detail"] == "request body not received within 0.5 s"
+        r = httpx.get(base + "/health", headers={"x-padding": "a" * 200_000}, timeout=10)
+        assert r.status_code == 431, r.text
+        assert "over the server's limit of 16384" in r.json()["detail"]
+        assert httpx.get(base + "/health", timeout=10).status_code == 200
+
+
+def test_databases_health_and_models_reveal_no_server_paths(client, trained):
+    """Issue item 7: /databases used to return the absolute Spider path."""
+    for path in ("/databases", "/health", "/v1/models"):
+        r = client.get(path)
+        assert r.status_code == 200
+        for secret in (str(SPIDER_DIR), str(SPIDER_DIR.resolve()), str(trained)):
+            assert secret not in r.text, (path, secret)
+    assert "concert_singer" in client.get("/databases").text
+
+
+def test_an_api_key_guards_every_route_but_a_minimal_health(trained, tokenizer, monkeypatch):
+    from sqlrl.serve.cli import build_parser, config_from_env
+
+    assert ServeConfig().api_key is None  # off by default
+    app = _scripted_app(trained, tokenizer, _ScriptedGenerator(), api_key="s3cret")
+    body = {"question": Q, "db_id": "concert_singer"}
+    key = {"Authorization": "Bearer s3cret"}
+    with TestClient(app) as c:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            r = c.post("/generate", json=body, headers=headers)
+            assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
+        assert c.get("/databases").status_code == 401 and c.get("/v1/models").status_code == 401
+        assert c.get("/health").json() == {"status": "ok"}  # for load balancers
+        assert c.post("/generate", json=body, headers=key).json()["sql"] == "SELECT 1"
+        assert c.get("/databases", headers=key).status_code == 200
+        assert c.get("/health", headers=key).json()["model_loaded"] is True
+    monkeypatch.setenv("SQLRL_API_KEY", "from-env")
+    assert config_from_env().api_key == "from-env"
+    assert "from-env" not in build_parser().format_help()  # --help does not print it

@@ -1,7 +1,9 @@
 """Command line and environment configuration of the server.
 
 Every ServeConfig field is a flag (`--max-batch-size 16`) and an environment variable
-(`SQLRL_MAX_BATCH_SIZE=16`); flags win over variables, variables over the defaults.
+(`SQLRL_MAX_BATCH_SIZE=16`); flags win over variables, variables over the defaults. The HTTP
+server's own settings (host, port, keep-alive, connection limit) are flags and SQLRL_* variables
+too; `uvicorn_config` is the uvicorn configuration `main` runs.
 """
 from __future__ import annotations
 
@@ -14,6 +16,10 @@ from dataclasses import fields
 from sqlrl.serve.service import ServeConfig
 
 ENV_PREFIX = "SQLRL_"
+# how large a request head uvicorn (h11) reads: far above --max-header-bytes, so that an
+# over-long head gets the app's 431 instead of h11's 400 on a socket closed unread (a reset)
+HEAD_READ_LIMIT = 1024 * 1024
+SECRETS = {"api_key"}  # never shown as a --help default
 _HELP = {
     "model": "model folder (save_pretrained output, e.g. models/final)",
     "spider_dir": "Spider release folder (tables.json, database/); db_id requests use it",
@@ -35,6 +41,12 @@ _HELP = {
     "max_body_bytes": "request body size limit (413 beyond)",
     "max_prompt_tokens": "prompt token limit (413 beyond); 0: the model's context minus "
                          "max_new_tokens",
+    "max_ddl_chars": "ddl length limit (413 beyond): DDL is parsed, at a cost that grows "
+                     "with its length",
+    "max_header_bytes": "request line and headers size limit (431 beyond)",
+    "body_timeout_s": "the request body must arrive within it (408 beyond)",
+    "api_key": "require `Authorization: Bearer KEY` on every route but /health (401 "
+               "without); prefer SQLRL_API_KEY, a flag shows in the process list",
 }
 
 
@@ -82,12 +94,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--host", default=os.environ.get("SQLRL_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("SQLRL_PORT", "8000")))
     parser.add_argument("--log-level", default="info")
+    parser.add_argument("--timeout-keep-alive", type=int,
+                        default=int(os.environ.get("SQLRL_TIMEOUT_KEEP_ALIVE", "5")),
+                        help="seconds an idle keep-alive connection is kept open")
+    parser.add_argument("--limit-concurrency", type=int,
+                        default=int(os.environ.get("SQLRL_LIMIT_CONCURRENCY", "0")),
+                        help="connections at most; beyond it uvicorn answers 503 (0: no limit)")
     env = config_from_env()
     for f in fields(ServeConfig):
+        secret = f.name in SECRETS
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_converter(_type(f)),
-                            default=getattr(env, f.name),
+                            default=None if secret else getattr(env, f.name),
                             help=_HELP.get(f.name, f.name.replace("_", " ")))
     return parser
+
+
+def uvicorn_config(app, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
+                   timeout_keep_alive: int = 5, limit_concurrency: int = 0):
+    """The uvicorn settings `main` serves with: the h11 parser (whose head limit is set), a
+    head read limit above the app's 431, keep-alive timeout and connection limit. Proxy
+    headers are trusted from FORWARDED_ALLOW_IPS (uvicorn's default: 127.0.0.1)."""
+    import uvicorn
+
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, http="h11",
+                          h11_max_incomplete_event_size=HEAD_READ_LIMIT,
+                          timeout_keep_alive=timeout_keep_alive,
+                          limit_concurrency=limit_concurrency or None)
 
 
 def main(argv=None) -> int:
@@ -97,7 +129,10 @@ def main(argv=None) -> int:
     from sqlrl.serve.service import create_app
 
     args = build_parser().parse_args(argv)
-    config = ServeConfig(**{f.name: getattr(args, f.name) for f in fields(ServeConfig)})
+    values = {f.name: getattr(args, f.name) for f in fields(ServeConfig)}
+    env = config_from_env()
+    values.update({name: getattr(env, name) for name in SECRETS if values[name] is None})
+    config = ServeConfig(**values)
     if not os.path.isdir(config.model):
         print(f"serve: model folder {config.model!r} does not exist (train it with `dvc repro`,"
               f" or pass --model)", file=sys.stderr)
@@ -107,5 +142,8 @@ def main(argv=None) -> int:
     except (PromptSettingsError, ValueError) as exc:  # no or bad prompt settings
         print(f"serve: {exc}", file=sys.stderr)
         return 2
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.Server(uvicorn_config(app, host=args.host, port=args.port,
+                                  log_level=args.log_level,
+                                  timeout_keep_alive=args.timeout_keep_alive,
+                                  limit_concurrency=args.limit_concurrency)).run()
     return 0

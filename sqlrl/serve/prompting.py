@@ -14,12 +14,15 @@ question stays as it is.
 """
 from __future__ import annotations
 
+import functools
+import logging
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from sqlrl.spider import Column, ForeignKey, Schema, Table
 
+log = logging.getLogger("sqlrl.serve")
 DB_ID_PATTERN = re.compile(r"[A-Za-z0-9_]{1,128}")
 
 
@@ -94,20 +97,25 @@ def _name(node) -> str:
     return node.name if hasattr(node, "name") else str(node)
 
 
+@functools.lru_cache(maxsize=32)
 def schema_from_ddl(ddl: str, db_id: str = "ddl") -> Schema:
     """CREATE TABLE statements -> Schema (names, types, primary and foreign keys).
 
     Statements other than CREATE TABLE (indexes, inserts) are ignored; no CREATE TABLE at all,
-    or text sqlglot cannot parse, is an InputError naming the problem."""
+    text sqlglot cannot parse, or nesting deeper than its recursive parser goes, is an
+    InputError naming the problem. Cached (the Schema is immutable): a request's prompt and its
+    schema repair parse the DDL once, and a client resending its schema is not parsed again."""
     import sqlglot
     from sqlglot import exp
-    from sqlglot.errors import ParseError, TokenError
+    from sqlglot.errors import SqlglotError
 
     try:
         statements = sqlglot.parse(ddl, read="sqlite")
-    except (ParseError, TokenError) as exc:
+    except SqlglotError as exc:
         raise InputError(f"ddl: cannot parse the CREATE TABLE statements: "
                          f"{str(exc).splitlines()[0][:300]}") from None
+    except RecursionError:
+        raise InputError("ddl: nested too deeply to parse") from None
     tables: list[Table] = []
     foreign_keys: list[ForeignKey] = []
     for stmt in statements:
@@ -115,7 +123,7 @@ def schema_from_ddl(ddl: str, db_id: str = "ddl") -> Schema:
             continue
         target = stmt.this
         if not isinstance(target, exp.Schema):  # CREATE TABLE ... AS SELECT: no column list
-            raise InputError(f"ddl: CREATE TABLE {target.sql()} has no column list")
+            raise InputError(f"ddl: CREATE TABLE {_name(target)} has no column list")
         table_name = _name(target.this)
         columns: list[tuple[str, str, bool]] = []
         primary: set[str] = set()
@@ -177,8 +185,9 @@ class PromptBuilder:
         else:
             try:
                 self.schemas = load_schemas(self.spider_dir / "tables.json")
-            except SpiderDataError as exc:
-                self.spider_error = f"the server's Spider directory is unusable: {exc}"
+            except SpiderDataError as exc:  # the detail names server paths: the log only
+                log.error("serve: the Spider directory is unusable: %s", exc)
+                self.spider_error = "the server's Spider directory is unusable (see its log)"
         self._factory = None
         if self.schemas:
             from sqlrl.params import AugmentParams, PrepareParams

@@ -1,28 +1,38 @@
 """The FastAPI application: `create_app(ServeConfig(...))`. (This module is `service`, not
 `app`, so that `sqlrl.serve.app` is the uvicorn app object.)
 
-Requests are parsed by hand (size cap, strict UTF-8, JSON object) and then validated by a
-strict pydantic model (`extra="forbid"`, no type coercion), so every bad input gets a 4xx whose
-`detail` says what is wrong. Generation has a deadline (504), a bounded queue (503), and its
-failures are 500s with the reason; none of them stops the server.
+Requests are parsed by hand (size cap, read deadline, strict UTF-8, JSON object) and then
+validated by a strict pydantic model (`extra="forbid"`, no type coercion), so every input the
+server cannot understand gets a 4xx whose `detail` says what is wrong. Generation has a deadline
+(504) and a bounded queue (503); anything else that fails is logged and answered with a 500 that
+names nothing internal. None of them stops the server.
+
+For a public deployment: request heads are capped (431), an optional API key guards every route
+but a minimal /health (401), DDL parsing and tokenization run in a small worker pool off the event
+loop, and a request whose client has gone is cancelled, so it never reaches the model.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import math
+import secrets
+import sys
 import time
 import unicodedata
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Optional
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.requests import ClientDisconnect
 
 from sqlrl.paths import SPIDER_DIR
 from sqlrl.prompt_settings import PromptSettingsError
@@ -30,6 +40,12 @@ from sqlrl.serve.backends import BackendOptions, Busy, NotReady, make_backend
 from sqlrl.serve.prompting import InputError, PromptBuilder, PromptSettings
 
 log = logging.getLogger("sqlrl.serve")
+
+# the lowest sampling temperature: below it logits / temperature overflow into NaN
+# probabilities (vLLM clamps to the same 0.01); 0 means greedy
+MIN_TEMPERATURE = 0.01
+PREPARE_WORKERS = 2         # threads parsing DDL, tokenizing and repairing SQL, off the loop
+DISCONNECT_POLL_S = 0.25    # how often a waiting request checks that its client is still there
 
 
 @dataclass
@@ -57,6 +73,10 @@ class ServeConfig:
     max_body_bytes: int = 256 * 1024
     max_question_chars: int = 2000
     max_schema_chars: int = 100_000
+    max_ddl_chars: int = 32_000            # DDL is parsed (sqlglot): its cost grows with length
+    max_header_bytes: int = 16 * 1024      # request line and headers (431 beyond)
+    body_timeout_s: float = 10.0           # the whole body must arrive within it (408 beyond)
+    api_key: str | None = None             # when set: Authorization: Bearer <key> (401 without)
     max_prompt_tokens: int = 0             # 0: the model's context minus max_new_tokens
     # generation settings: defaults and bounds
     max_new_tokens: int = 128              # default per request
@@ -128,10 +148,14 @@ class GenerateRequest(BaseModel):
 # --------------------------------------------------------------------------- errors
 
 class HTTPError(Exception):
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, headers: dict | None = None):
         super().__init__(message)
         self.status = status
         self.message = message
+        self.headers = headers
+
+
+CLOSE = {"connection": "close"}  # the rest of a refused request is not read: do not reuse
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -190,9 +214,11 @@ class Service:
         self.started = time.time()
         self.counts = Counter()
         self.load_seconds = None
+        self._pool: ThreadPoolExecutor | None = None
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
+        self._pool = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="sqlrl-prepare")
         if self.backend is None:
             t0 = time.perf_counter()
             self.backend = await asyncio.to_thread(make_backend, self.config.model,
@@ -203,6 +229,10 @@ class Service:
                 await self._warmup()
         else:
             await self.backend.start()
+        # the model, tokenizer and schemas live as long as the server: without this, each full
+        # collection walks them all, a 0.2-0.5 s pause of every thread (the event loop too)
+        # whenever a request allocates many objects (sqlglot parsing DDL)
+        gc.freeze()
         log.info("serve: %s backend ready for %s", self.backend.name, self.config.model)
 
     async def _warmup(self) -> None:
@@ -219,6 +249,8 @@ class Service:
     async def close(self) -> None:
         if self.backend is not None:
             await self.backend.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
 
     # ------------------------------------------------------------------ one request
     def settings_for(self, req: GenerateRequest) -> dict:
@@ -235,9 +267,10 @@ class Service:
             temperature = c.sample_temperature if n > 1 else 0.0
         else:
             temperature = float(req.temperature)
-        if not (math.isfinite(temperature) and 0.0 <= temperature <= c.max_temperature):
-            raise HTTPError(422, f"temperature must be between 0 and {c.max_temperature:g}, "
-                                 f"got {req.temperature}")
+        if not (math.isfinite(temperature) and (
+                temperature == 0.0 or MIN_TEMPERATURE <= temperature <= c.max_temperature)):
+            raise HTTPError(422, f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} "
+                                 f"and {c.max_temperature:g}, got {req.temperature}")
         if n > 1 and temperature == 0.0:
             raise HTTPError(422, "num_samples > 1 needs a temperature > 0 (greedy decoding "
                                  "gives one answer)")
@@ -261,10 +294,10 @@ class Service:
         question = unicodedata.normalize("NFC", req.question).strip()
         if not question:
             raise HTTPError(422, "question is empty")
-        for key in ("schema_str", "ddl"):
+        for key, limit in (("schema_str", c.max_schema_chars), ("ddl", c.max_ddl_chars)):
             value = getattr(req, key)
             if value is not None:
-                _check_text(key, value, c.max_schema_chars)
+                _check_text(key, value, limit)
                 if not value.strip():
                     raise HTTPError(422, f"{key} is empty")
         if req.db_id is not None:
@@ -308,9 +341,7 @@ class Service:
     async def generate(self, req: GenerateRequest) -> dict:
         from sqlrl.sql_extract import extract_sql
 
-        opts = self.settings_for(req)
-        prompt, db_path = self.prompt_for(req)
-        n_tokens = self.check_prompt_length(prompt, opts["max_new_tokens"])
+        opts, prompt, db_path, n_tokens = await self.off_loop(self.prepare, req)
         t0 = time.perf_counter()
         try:
             texts = await asyncio.wait_for(
@@ -324,15 +355,15 @@ class Service:
             raise HTTPError(503, str(exc)) from None
         except NotReady as exc:
             raise HTTPError(503, str(exc)) from None
-        except Exception as exc:  # noqa: BLE001 - the model failed, the server does not
+        except Exception:  # noqa: BLE001 - the model failed, the server does not
             log.exception("generation failed")
-            raise HTTPError(500, f"generation failed: {type(exc).__name__}: {exc}") from None
+            raise HTTPError(500, "generation failed (the server log has the details)") from None
         if not texts:
             raise HTTPError(500, "generation failed: the backend returned no completion")
         gen_s = time.perf_counter() - t0
         sqls = [extract_sql(t) for t in texts]
         if self.settings.schema_repair:
-            sqls = self.repaired(req, sqls)
+            sqls = await self.off_loop(self.repaired, req, sqls)
         out = {"sql": sqls[0], "completion": texts[0]}
         verdicts = None
         chosen = 0
@@ -362,6 +393,31 @@ class Service:
         out["usage"] = {"prompt_tokens": n_tokens, "generation_seconds": round(gen_s, 4)}
         return out
 
+    def prepare(self, req: GenerateRequest) -> tuple[dict, str, Path | None, int]:
+        """Settings, prompt, database file and prompt tokens of a request: the CPU work
+        (DDL parsing, tokenization) that `off_loop` keeps off the event loop."""
+        opts = self.settings_for(req)
+        prompt, db_path = self.prompt_for(req)
+        return opts, prompt, db_path, self.check_prompt_length(prompt, opts["max_new_tokens"])
+
+    async def off_loop(self, fn, *args):
+        """`fn(*args)` in the prepare pool: the loop keeps serving, at most PREPARE_WORKERS
+        requests use the CPU at once, and a cancelled request's queued work is dropped."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def unless_disconnected(self, request: Request, coro):
+        """`coro`'s result; when the client goes away first, `coro` is cancelled (a queued
+        generation is dropped before the model, vLLM aborts it) and the answer is a 499."""
+        task = asyncio.ensure_future(coro)
+        try:
+            while not task.done():
+                await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+                if not task.done() and await request.is_disconnected():
+                    raise HTTPError(499, "the client closed the connection")
+            return task.result()
+        finally:
+            task.cancel()
+
     def _execute_all(self, db_path: Path, sqls: list[str], max_rows: int):
         from sqlrl.executor import ExecLimits, default_executor
 
@@ -371,16 +427,24 @@ class Service:
     async def parse_body(self, request) -> GenerateRequest:
         limit = self.config.max_body_bytes
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
+        if declared is not None and declared.isascii() and declared.isdigit() \
+                and int(declared) > limit:
             raise HTTPError(413, f"request body is {declared} bytes, over the server's limit "
-                                 f"of {limit}")
+                                 f"of {limit}", CLOSE)
         chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise HTTPError(413, f"request body is over the server's limit of {limit} "
-                                     f"bytes")
-            chunks.append(chunk)
+        try:
+            async with asyncio.timeout(self.config.body_timeout_s):
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > limit:
+                        raise HTTPError(413, f"request body is over the server's limit of "
+                                             f"{limit} bytes", CLOSE)
+                    chunks.append(chunk)
+        except TimeoutError:
+            raise HTTPError(408, f"request body not received within "
+                                 f"{self.config.body_timeout_s:g} s", CLOSE) from None
+        except ClientDisconnect:
+            raise HTTPError(499, "the client closed the connection") from None
         body = b"".join(chunks)
         if not body.strip():
             raise HTTPError(400, 'empty request body: send a JSON object such as '
@@ -396,6 +460,9 @@ class Service:
             raise HTTPError(400, f"request body is not valid JSON: {exc}") from None
         except RecursionError:
             raise HTTPError(400, "request body is nested too deeply") from None
+        except ValueError:  # an integer longer than Python converts
+            raise HTTPError(400, f"request body has a number of more than "
+                                 f"{sys.get_int_max_str_digits()} digits") from None
         if not isinstance(data, dict):
             raise HTTPError(422, f"request body must be a JSON object, got "
                                  f"{type(data).__name__}")
@@ -410,7 +477,7 @@ class Service:
         return {"status": "ok" if b is not None else "loading",
                 "model_loaded": b is not None,
                 "backend": getattr(b, "name", None),
-                "model": self.config.model,
+                "model": Path(self.config.model).name,
                 "uptime_s": round(time.time() - self.started, 1),
                 "load_seconds": self.load_seconds,
                 "prompt": asdict(self.settings),
@@ -418,6 +485,28 @@ class Service:
                            "error": self.prompts.spider_error or None},
                 "requests": dict(self.counts),
                 **(b.info() if b is not None else {})}
+
+
+class HeaderLimit:
+    """A 431 for a request line and headers over `limit` bytes. (Alone, uvicorn's h11 answers
+    a head over its read limit with a 400 and closes the socket unread, which the client sees
+    as a reset; cli.uvicorn_config reads heads far larger, so this answers them.)"""
+
+    def __init__(self, app, limit: int, counts: Counter):
+        self.app, self.limit, self.counts = app, limit, counts
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http":
+            size = len(scope.get("raw_path", b"")) + len(scope.get("query_string", b"")) + sum(
+                len(name) + len(value) + 4 for name, value in scope["headers"])
+            if size > self.limit:
+                self.counts["431"] += 1
+                response = JSONResponse(
+                    {"detail": f"request headers are {size} bytes, over the server's limit "
+                               f"of {self.limit}"}, status_code=431, headers=CLOSE)
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def create_app(config: ServeConfig | None = None, *, backend=None,
@@ -447,34 +536,63 @@ def create_app(config: ServeConfig | None = None, *, backend=None,
                   summary="Text-to-SQL with a model fine-tuned on Spider")
     app.state.service = service
 
+    app.add_middleware(HeaderLimit, limit=config.max_header_bytes, counts=service.counts)
+
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, exc: HTTPError):
         service.counts[str(exc.status)] += 1
-        return JSONResponse({"detail": exc.message}, status_code=exc.status)
+        return JSONResponse({"detail": exc.message}, status_code=exc.status,
+                            headers=exc.headers)
 
-    @app.post("/generate", openapi_extra={"requestBody": {"required": True, "content": {
-        "application/json": {"schema": GenerateRequest.model_json_schema()}}}})
+    def authorized(request: Request) -> bool:
+        if not config.api_key:
+            return True
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and secrets.compare_digest(
+            token.strip().encode("latin-1"), config.api_key.encode("utf-8"))
+
+    async def require_key(request: Request) -> None:
+        """--api-key: every route but /health needs `Authorization: Bearer <key>`."""
+        if not authorized(request):
+            raise HTTPError(401, "missing or wrong API key: send Authorization: Bearer <key>",
+                            {"www-authenticate": "Bearer"})
+
+    keyed = [Depends(require_key)]
+
+    @app.post("/generate", dependencies=keyed, openapi_extra={"requestBody": {
+        "required": True, "content": {
+            "application/json": {"schema": GenerateRequest.model_json_schema()}}}})
     async def generate(request: Request):
         """SQL for a question about a schema (schema_str, db_id or ddl); see the README."""
-        req = await service.parse_body(request)
-        result = await service.generate(req)
+        try:
+            req = await service.parse_body(request)
+            result = await service.unless_disconnected(request, service.generate(req))
+        except HTTPError:
+            raise
+        except Exception:  # noqa: BLE001 - a bug or a broken dependency: logged, not shown
+            log.exception("POST /generate failed")
+            raise HTTPError(500, "internal server error (the server log has the details)") \
+                from None
         service.counts["200"] += 1
         return result
 
     @app.get("/health")
-    async def health():
-        return service.health()
+    async def health(request: Request):
+        """Open to load balancers; without the API key (when one is set) only the status."""
+        info = service.health()
+        return info if authorized(request) else {"status": info["status"]}
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", dependencies=keyed)
     async def models():
         name = Path(config.model).name or config.model
         return {"object": "list", "data": [{
-            "id": name, "object": "model", "owned_by": "sqlrl", "root": config.model,
+            "id": name, "object": "model", "owned_by": "sqlrl", "root": name,
             "backend": getattr(service.backend, "name", None),
             "max_new_tokens_limit": config.max_new_tokens_limit}]}
 
-    @app.get("/databases")
+    @app.get("/databases", dependencies=keyed)
     async def databases():
-        return {"spider_dir": config.spider_dir, "databases": service.prompts.databases()}
+        """The Spider databases by name (never the server's paths)."""
+        return {"databases": service.prompts.databases()}
 
     return app
