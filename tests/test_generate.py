@@ -399,11 +399,14 @@ def test_pass_rate_filter_without_vllm_uses_transformers_and_says_so(tiny, monke
 
     _, _, model_path = tiny
     monkeypatch.setitem(sys.modules, "vllm", None)  # not installed
-    grpo = dataclasses.replace(load_params().grpo, use_vllm=True, batch_size=16,
-                               num_generations=8, max_completion_length=24)
+    grpo = load_params().grpo
+    grpo = dataclasses.replace(grpo, use_vllm=True, batch_size=16, num_generations=8,
+                               max_completion_length=24, pass_rate_filter=dataclasses.replace(
+                                   grpo.pass_rate_filter, samples=8))
     generator, tokenizer = grpo_prompts.pass_rate_generator(model_path, grpo, seed=0)
     assert isinstance(generator, gen.HFGenerator) and tokenizer.chat_template
-    assert (generator.batch_size, generator.max_new_tokens) == (16, 24)
+    # 16 completions a batch, as a GRPO step: 2 prompts x 8 samples, not 16 prompts x 8
+    assert (generator.batch_size, generator.max_new_tokens) == (2, 24)
     assert "grpo.use_vllm is set but vLLM is not installed" in capsys.readouterr().err
 
 
