@@ -275,7 +275,7 @@ class BackendOptions:
     seed: int = 0
     dtype: str | None = None
     device: str | None = None          # transformers: cuda when available, else cpu
-    torch_threads: int = 0             # transformers on CPU: torch threads (0: torch's default)
+    torch_threads: int = 0             # transformers on CPU: torch threads (0: the usable cores)
 
 
 def _context_length(config) -> int | None:
@@ -320,10 +320,10 @@ def _load_transformers(model_dir: str | Path, opts: BackendOptions):
     import torch
 
     from sqlrl.generate import HFGenerator
+    from sqlrl.hardware import set_torch_threads
     from sqlrl.modeling import load_model_and_tokenizer
 
-    if opts.torch_threads > 0:
-        torch.set_num_threads(opts.torch_threads)
+    set_torch_threads(opts.torch_threads)
     model, tokenizer = load_model_and_tokenizer(model_dir, dtype=opts.dtype)
     device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = model.to(device)

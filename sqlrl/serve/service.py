@@ -63,7 +63,7 @@ class ServeConfig:
     schema_repair: bool | None = None      # eval.schema_repair
     sample_rows_token_budget: int | None = None  # prepare.max_prompt_tokens
     dtype: str | None = None
-    torch_threads: int = 0                 # CPU threads for torch (0: torch's default)
+    torch_threads: int = 0                 # CPU threads for torch (0: the usable cores)
     # batching and deadlines
     max_batch_size: int = 16
     batch_wait_ms: float = 10.0
