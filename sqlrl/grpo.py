@@ -212,6 +212,24 @@ def score_completions_only_on_cpu() -> bool:
     return True
 
 
+def share_prompt_prefill(model) -> None:
+    """TRL's transformers rollouts hold each prompt num_generations times in a row: have the
+    model run each prompt once and copy its KV cache to the repeats (sqlrl.generate.
+    shared_prefix_generate): the same samples, ~1/num_generations of the prompt compute."""
+    from sqlrl.generate import shared_prefix_generate
+
+    own_generate = model.generate
+
+    def generate(input_ids=None, attention_mask=None, generation_config=None, **kwargs):
+        if input_ids is None or attention_mask is None:
+            return own_generate(input_ids=input_ids, attention_mask=attention_mask,
+                                generation_config=generation_config, **kwargs)
+        return shared_prefix_generate(model, input_ids, attention_mask, generation_config,
+                                      generate=own_generate, **kwargs)
+
+    model.generate = generate
+
+
 def _cuda() -> bool:
     import torch
     return torch.cuda.is_available()
@@ -294,6 +312,8 @@ def train_grpo(params: GrpoParams, seed: int, sft_dir: str | Path, rows: list[di
         model=model, reward_funcs=[timer.wrap_reward(f) for f in reward_funcs],
         args=args, train_dataset=dataset, processing_class=tokenizer,
         peft_config=lora_config(params), callbacks=callbacks)
+    if not args.use_vllm:
+        share_prompt_prefill(trainer.model)
     if hasattr(trainer, "_generate_and_score_completions"):
         trainer._generate_and_score_completions = timer.wrap_rollout(
             trainer._generate_and_score_completions)

@@ -115,6 +115,26 @@ def test_sampling_is_seeded_and_returns_n_per_prompt(tiny, prompts):
         g.generate_ids(prompts, n=2, temperature=0.0)
 
 
+def test_shared_prefix_generation_draws_the_same_tokens_as_generate(tiny, prompts):
+    """A batch of repeated prompts (runs of unequal length, left padding) prefilled once per
+    prompt samples exactly what plain generate samples from the same seed."""
+    from transformers import GenerationConfig, set_seed
+
+    model, tokenizer, _ = tiny
+    g = gen.HFGenerator(model, tokenizer, batch_size=8, max_new_tokens=12, progress=False)
+    encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts[:3]]
+    ids, mask = g._left_pad([encoded[0]] * 3 + [encoded[1]] + [encoded[2]] * 4)
+    assert gen.repeated_rows(ids, mask) == ([0, 3, 4], [3, 1, 4])
+    config = GenerationConfig(max_new_tokens=12, eos_token_id=g.stop_ids, pad_token_id=g.pad_id,
+                              **gen.hf_decoding_settings(1.0))
+    set_seed(3)
+    plain = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    set_seed(3)
+    shared = gen.shared_prefix_generate(model, ids, mask, config)
+    assert torch.equal(shared, plain)
+    assert len({tuple(row) for row in plain[:3, ids.shape[1]:].tolist()}) > 1  # it samples
+
+
 # --------------------------------------------------------------------------- checkpoint defaults
 
 # What a Qwen2.5 instruct checkpoint's generation_config.json does to unset settings, made

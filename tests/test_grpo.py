@@ -77,8 +77,15 @@ def test_selection_that_keeps_nothing_says_so(rows):
         select_prompts(rows[:3], params, 0, SQLExecutor(), lambda pool: [1.0] * len(pool))
 
 
-def test_reward_wiring_on_a_tiny_model(rows, tiny_sft, tmp_path):
-    """TRL calls our reward with the dataset's columns; rewards are logged and summarised."""
+def test_reward_wiring_on_a_tiny_model(rows, tiny_sft, tmp_path, monkeypatch):
+    """TRL calls our reward with the dataset's columns; rewards are logged and summarised;
+    each rollout batch runs one prefill per prompt (TRL puts a group's copies in a row)."""
+    import sqlrl.generate
+
+    runs = []
+    repeated_rows = sqlrl.generate.repeated_rows
+    monkeypatch.setattr(sqlrl.generate, "repeated_rows",
+                        lambda *a: runs.append(repeated_rows(*a)[1]) or repeated_rows(*a))
     execution_reward, syntax_reward = make_rewards(workers=1, backend="thread")
     seen = []
 
@@ -96,6 +103,7 @@ def test_reward_wiring_on_a_tiny_model(rows, tiny_sft, tmp_path):
     assert (tmp_path / "adapter" / "adapter_config.json").is_file()
     assert not (tmp_path / "adapter.tmp").exists()
     assert seen and all(n == 4 for n, _, _ in seen)
+    assert runs and all(lengths == [2, 2] for lengths in runs)  # 2 prompts x 2 generations
     known = {(r["db_path"], r["gold_sql"]) for r in rows[:4]}
     assert all(set(zip(paths, golds)) <= known for _, paths, golds in seen)
     assert metrics["steps"] == 2 and metrics["logged_steps"] == 2
