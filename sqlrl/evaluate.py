@@ -33,32 +33,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sqlrl.jsonio import read_jsonl
 from sqlrl.paths import SPIDER_DIR, resolve
 
 PRIMARY_SPLIT = "dev"
-
-
-# --------------------------------------------------------------------------- files
-
-def read_jsonl(path: str | Path, missing_ok: bool = False) -> list[dict]:
-    """The rows of a JSONL file (relative paths read against the repo root)."""
-    path = resolve(path)
-    if missing_ok and not path.is_file():
-        return []
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
-
-
-def write_jsonl(path: str | Path, rows: list[dict]) -> Path:
-    """One JSON object a line (an empty file for no rows), written atomically."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
-    tmp.replace(path)
-    return path
+EVAL_ROW_KEYS = ("question", "gold", "db_id", "prompt")  # what prepare writes for a split
 
 
 # --------------------------------------------------------------------------- self-consistency
@@ -237,7 +216,7 @@ def evaluate_model(model_dir: str | Path, params, seed: int, splits: dict[str, s
     """
     if PRIMARY_SPLIT not in splits:
         raise ValueError(f"splits must include {PRIMARY_SPLIT!r}")
-    data = {name: read_jsonl(path, missing_ok=name != PRIMARY_SPLIT)
+    data = {name: read_jsonl(path, EVAL_ROW_KEYS, missing_ok=name != PRIMARY_SPLIT)
             for name, path in splits.items()}
     if generator is None and any(row.get("prompt") for rows in data.values() for row in rows):
         from sqlrl.generate import make_generator

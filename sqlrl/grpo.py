@@ -8,11 +8,15 @@ Prompt selection (what published text-to-SQL RL found useful), before training:
 Rollouts use transformers generation, or vLLM (colocate) where installed and asked for.
 The adapter is written to a temporary folder and renamed at the end, so an interrupted run
 never leaves an output that looks complete; checkpoints live outside the DVC output so that
-`grpo.resume: true` can continue an interrupted run.
+`grpo.resume: true` can continue an interrupted run: only a run of the same params, seed,
+prompts and SFT model (a fingerprint is kept with the checkpoints); otherwise it starts fresh.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
+import json
 import random
 import shutil
 import statistics
@@ -27,6 +31,7 @@ from sqlrl.progress import trainer_progress
 
 DVCLIVE_DIR = "dvclive/grpo"
 PROMPTS_PATH = "data/grpo_prompts.jsonl"   # the grpo_prompts stage's output
+ROW_KEYS = ("prompt", "gold_sql", "db_id", "question", "db_path")  # a GRPO row: prepare writes them
 CHECKPOINT_DIR = "checkpoints/grpo"   # git- and DVC-ignored; survives an interrupted stage
 
 
@@ -243,6 +248,39 @@ def lora_config(params: GrpoParams):
                       target_modules=list(params.lora.target_modules), task_type="CAUSAL_LM")
 
 
+FINGERPRINT_FILE = "sqlrl_run.json"
+_NOT_FINGERPRINTED = ("resume", "save_steps", "logging_steps")  # they do not change the result
+
+
+def run_fingerprint(params: GrpoParams, seed: int, sft_dir: str | Path, rows: list[dict]) -> str:
+    """A hash of what a GRPO run computes from: its params (not resume, save or logging
+    settings), seed, prompts and the SFT model's files."""
+    settings = {k: v for k, v in dataclasses.asdict(params).items() if k not in _NOT_FINGERPRINTED}
+    digest = hashlib.sha256(json.dumps({"grpo": settings, "seed": seed, "rows": rows},
+                                       sort_keys=True, default=str).encode())
+    for path in sorted(p for p in Path(sft_dir).rglob("*") if p.is_file()):
+        digest.update(path.relative_to(sft_dir).as_posix().encode())
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def checkpoint_to_resume(checkpoint_dir: str | Path, fingerprint: str) -> str | None:
+    """The last checkpoint in checkpoint_dir when it was made by a run with this fingerprint;
+    None (and a line saying why) when there is none or it belongs to another run."""
+    last = last_checkpoint(checkpoint_dir)
+    if last is None:
+        return None
+    stored = Path(checkpoint_dir) / FINGERPRINT_FILE
+    made_by = json.loads(stored.read_text())["fingerprint"] if stored.is_file() else None
+    if made_by != fingerprint:
+        print(f"grpo: not resuming from {last}: it was made with other grpo params, seed, "
+              f"prompts or SFT model; starting fresh", file=sys.stderr)
+        return None
+    return last
+
+
 def last_checkpoint(checkpoint_dir: str | Path) -> str | None:
     from transformers.trainer_utils import get_last_checkpoint
 
@@ -297,9 +335,12 @@ def train_grpo(params: GrpoParams, seed: int, sft_dir: str | Path, rows: list[di
     timer = StepTimer()
     model, tokenizer = load_model_and_tokenizer(sft_dir)
     dataset = Dataset.from_list(rows)
-    resume_from = last_checkpoint(checkpoint_dir) if params.resume else None
-    if not params.resume:
+    fingerprint = run_fingerprint(params, seed, sft_dir, rows)
+    resume_from = checkpoint_to_resume(checkpoint_dir, fingerprint) if params.resume else None
+    if resume_from is None:
         shutil.rmtree(checkpoint_dir, ignore_errors=True)
+    Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    (Path(checkpoint_dir) / FINGERPRINT_FILE).write_text(json.dumps({"fingerprint": fingerprint}))
     live, callbacks = None, [trainer_progress("grpo")]
     if dvclive_dir:  # optional: the GPU rehearsal runs where dvclive is not installed
         from dvclive import Live

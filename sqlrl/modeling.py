@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 from typing import Iterable, Iterator
 
+from sqlrl.errors import PipelineError
 from sqlrl.params import ArchitectureParams, BaseParams
 
 BASE_RECORD = "base.json"
@@ -40,7 +41,7 @@ CHATML_TEMPLATE = (
 )
 
 
-class BaseModelError(RuntimeError):
+class BaseModelError(PipelineError, RuntimeError):
     """The base model cannot be resolved or loaded; the message says what to do."""
 
 

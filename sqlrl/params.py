@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from sqlrl.errors import PipelineError
 from sqlrl.paths import REPO_ROOT
 
 PARAMS_FILE = REPO_ROOT / "params.yaml"
@@ -25,7 +26,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 TOKENIZERS = ("trained", "qwen2.5")
 
 
-class ParamsError(ValueError):
+class ParamsError(PipelineError, ValueError):
     """params.yaml does not match what the pipeline expects."""
 
 

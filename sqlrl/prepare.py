@@ -11,7 +11,6 @@ reports them as skipped instead of losing them.
 """
 from __future__ import annotations
 
-import json
 import random
 import statistics
 from collections import defaultdict
@@ -19,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlrl.augment import Augmenter, mark_question, name_pools
+from sqlrl.jsonio import write_jsonl
 from sqlrl.params import ParamsError, PrepareParams
 from sqlrl.paths import PREPARED_REL, REPO_ROOT, SPIDER_REL, relative_to_root
 from sqlrl.prompts import build_messages, completion_message, serialize_schema
@@ -155,13 +155,6 @@ def _token_stats(sft_rows: list[dict]) -> dict:
             "p95": lengths[int(0.95 * (len(lengths) - 1))], "max": lengths[-1]}
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-
-
 def _eval_row(example: Example, prompts: PromptFactory, root: Path) -> dict:
     """An evaluation row; no prompt when the database is absent (it is scored as skipped)."""
     db_path = database_path(prompts.spider_dir, example.db_id)
@@ -206,10 +199,10 @@ def prepare(params: PrepareParams, seed: int, root: Path = REPO_ROOT) -> dict:
     dev_rows = [_eval_row(ex, prompts, root) for ex in dev]
     heldout_rows = [_eval_row(ex, prompts, root) for ex in heldout]
 
-    _write_jsonl(out_dir / "sft.jsonl", sft_rows)
-    _write_jsonl(out_dir / "grpo.jsonl", grpo_rows)
-    _write_jsonl(out_dir / "dev.jsonl", dev_rows)
-    _write_jsonl(out_dir / "heldout.jsonl", heldout_rows)
+    write_jsonl(out_dir / "sft.jsonl", sft_rows)
+    write_jsonl(out_dir / "grpo.jsonl", grpo_rows)
+    write_jsonl(out_dir / "dev.jsonl", dev_rows)
+    write_jsonl(out_dir / "heldout.jsonl", heldout_rows)
 
     dev_absent = sum(not r["db_present"] for r in dev_rows)
     return {

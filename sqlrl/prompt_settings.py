@@ -9,13 +9,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sqlrl.errors import PipelineError
+
 PROMPT_SETTINGS_FILE = "sqlrl_prompt.json"
 _TYPES = {"schema_format": str, "sample_rows": int, "max_prompt_tokens": int,
           "system_prompt": str, "mark_schema_mentions": bool, "schema_repair": bool}
 FIELDS = tuple(_TYPES)
 
 
-class PromptSettingsError(FileNotFoundError):
+class PromptSettingsError(PipelineError, FileNotFoundError):
     """A model folder has no (usable) prompt settings; the message says what to do."""
 
 

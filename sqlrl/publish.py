@@ -13,12 +13,14 @@ from pathlib import Path
 
 import yaml
 
+from sqlrl.errors import PipelineError
+
 
 HARDNESS = ("easy", "medium", "hard", "extra")
 STAGES = (("base", "base"), ("sft", "SFT"), ("final", "GRPO (final)"))
 
 
-class PublishError(RuntimeError):
+class PublishError(PipelineError, RuntimeError):
     """Publishing cannot go on; the message says what to do."""
 
 

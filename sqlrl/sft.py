@@ -21,13 +21,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from sqlrl.errors import PipelineError
 from sqlrl.hardware import resolve_bf16, set_torch_threads
 from sqlrl.modeling import load_model_and_tokenizer, n_parameters, saved_dtype
 from sqlrl.params import SftParams
 from sqlrl.progress import trainer_progress
 
 
-class SftDataError(ValueError):
+class SftDataError(PipelineError, ValueError):
     """Training rows would be cut or dropped by sft.max_length; the message says which."""
 
 DVCLIVE_DIR = "dvclive/sft"
@@ -36,9 +37,13 @@ _SUMMARY_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_s
 
 
 def load_sft_dataset(path: str | Path):
-    """The prepared rows as a datasets.Dataset of conversational prompt/completion pairs."""
+    """The prepared rows as a datasets.Dataset of conversational prompt/completion pairs.
+    Read once first, so a malformed line is named by file and line (datasets would not)."""
     from datasets import load_dataset
 
+    from sqlrl.jsonio import read_jsonl
+
+    read_jsonl(path, ("prompt", "completion"))
     ds = load_dataset("json", data_files=str(path), split="train")
     return ds.select_columns(["prompt", "completion"])
 

@@ -10,8 +10,10 @@ import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlrl.errors import PipelineError
 
-class SpiderDataError(ValueError):
+
+class SpiderDataError(PipelineError, ValueError):
     """A Spider file is missing or malformed; the message names the file and the item."""
 
 

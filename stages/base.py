@@ -14,6 +14,7 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 from sqlrl.metrics import write_metrics  # noqa: E402
 from sqlrl.modeling import BaseModelError, build_base  # noqa: E402
 from sqlrl.params import ParamsError, load_params  # noqa: E402
+from stages import run_stage  # noqa: E402
 
 SFT_DATA = "data/prepared/sft.jsonl"
 OUT_DIR = "models/base"
@@ -34,4 +35,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_stage("base", main))

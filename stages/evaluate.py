@@ -17,12 +17,14 @@ os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from sqlrl.compare import compare_predictions  # noqa: E402
-from sqlrl.evaluate import evaluate_model, read_jsonl, write_jsonl  # noqa: E402
+from sqlrl.evaluate import evaluate_model  # noqa: E402
+from sqlrl.jsonio import read_jsonl, write_jsonl  # noqa: E402
 from sqlrl.hardware import set_torch_threads  # noqa: E402
 from sqlrl.metrics import write_metrics  # noqa: E402
 from sqlrl.modeling import BaseModelError  # noqa: E402
 from sqlrl.params import ParamsError, load_params  # noqa: E402
 from sqlrl.paths import REPO_ROOT  # noqa: E402
+from stages import run_stage  # noqa: E402
 
 SPLITS = {"dev": "data/prepared/dev.jsonl", "heldout": "data/prepared/heldout.jsonl"}
 
@@ -90,4 +92,5 @@ def _pct(value) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    _model = sys.argv[1] if len(sys.argv) > 1 else "model"
+    sys.exit(run_stage(f"evaluate-{_model}", main, sys.argv[1:]))

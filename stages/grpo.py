@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import sys
 
-from sqlrl.evaluate import read_jsonl
-from sqlrl.grpo import PROMPTS_PATH, reward_functions, train_grpo
+from sqlrl.grpo import PROMPTS_PATH, ROW_KEYS, reward_functions, train_grpo
+from sqlrl.jsonio import read_jsonl
 from sqlrl.metrics import write_metrics
 from sqlrl.params import load_params
+from stages import run_stage
 
 SFT_DIR = "models/sft"
 
 
 def main() -> int:
     params = load_params()
-    rows = read_jsonl(PROMPTS_PATH)
+    rows = read_jsonl(PROMPTS_PATH, ROW_KEYS)
     metrics = train_grpo(params.grpo, params.seed, SFT_DIR, rows, "models/grpo_adapter",
                          reward_functions(params.grpo), torch_threads=params.torch_threads)
     metrics["train_prompts"] = len(rows)  # what each filter dropped: metrics/grpo_prompts.json
@@ -23,4 +24,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_stage("grpo", main))

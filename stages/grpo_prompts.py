@@ -13,13 +13,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from sqlrl.evaluate import read_jsonl, write_jsonl
 from sqlrl.executor import SQLExecutor
-from sqlrl.grpo import PROMPTS_PATH, reward_functions, sampled_pass_rates, select_prompts
+from sqlrl.grpo import (PROMPTS_PATH, ROW_KEYS, reward_functions, sampled_pass_rates,
+                        select_prompts)
+from sqlrl.jsonio import read_jsonl, write_jsonl
 from sqlrl.metrics import write_metrics
 from sqlrl.hardware import set_torch_threads
 from sqlrl.params import GrpoParams, load_params
 from sqlrl.paths import REPO_ROOT
+from stages import run_stage
 
 SFT_DIR = "models/sft"
 
@@ -50,7 +52,7 @@ def main(root: Path = REPO_ROOT) -> int:
         return sampled_pass_rates(rows, generator, tokenizer, grpo.pass_rate_filter.samples,
                                   grpo.temperature, params.seed, execution_reward)
 
-    rows = read_jsonl(root / "data/prepared/grpo.jsonl")
+    rows = read_jsonl(root / "data/prepared/grpo.jsonl", ROW_KEYS)
     selected, stats = select_prompts(rows, grpo, params.seed, SQLExecutor(), pass_rates)
     print(f"grpo_prompts: {stats.kept} of {stats.candidates} prompts kept {stats.as_metrics()}",
           file=sys.stderr)
@@ -60,4 +62,4 @@ def main(root: Path = REPO_ROOT) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_stage("grpo_prompts", main))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import sys
 
 from sqlrl.merge import merge_adapter
+from stages import run_stage
 
 
 def main() -> int:
@@ -17,4 +18,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_stage("merge", main))

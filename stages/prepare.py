@@ -7,6 +7,7 @@ from sqlrl.metrics import write_metrics
 from sqlrl.params import ParamsError, load_params
 from sqlrl.prepare import prepare
 from sqlrl.spider import SpiderDataError
+from stages import run_stage
 
 
 def main() -> int:
@@ -26,4 +27,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_stage("prepare", main))

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from sqlrl.publish import PublishError, push, stage_folder
+from stages import run_stage
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -37,4 +38,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_stage("publish", main))

@@ -13,6 +13,7 @@ from sqlrl.modeling import BaseModelError  # noqa: E402
 from sqlrl.params import ParamsError, load_params  # noqa: E402
 from sqlrl.prompt_settings import write_prompt_settings  # noqa: E402
 from sqlrl.sft import SftDataError, train_sft  # noqa: E402
+from stages import run_stage  # noqa: E402
 
 
 def main() -> int:
@@ -34,4 +35,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_stage("sft", main))

@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from sqlrl.evaluate import evaluate_model, evaluate_split, read_jsonl, vote
+from sqlrl.evaluate import evaluate_model, evaluate_split, vote
+from sqlrl.jsonio import read_jsonl
 from sqlrl.metrics import read_metrics
 from sqlrl.params import EvalParams
 from sqlrl.paths import REPO_ROOT

@@ -375,7 +375,7 @@ def test_pass_rate_filter_samples_through_the_generator_factory(tiny, fake_vllm,
     vLLM (not by transformers on the CPU), with the grpo settings."""
     import yaml
 
-    from sqlrl.evaluate import read_jsonl
+    from sqlrl.jsonio import read_jsonl
     from sqlrl.metrics import read_metrics
     from sqlrl.paths import REPO_ROOT
     from stages import grpo_prompts

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from sqlrl.executor import SQLExecutor
-from sqlrl.grpo import select_prompts, summarize_log, StepTimer, train_grpo
+from sqlrl.grpo import StepTimer, reward_functions, select_prompts, summarize_log, train_grpo
 from sqlrl.merge import merge_adapter
 from sqlrl.modeling import build_scratch_model, to_transformers_tokenizer, train_tokenizer
 from sqlrl.params import ArchitectureParams, compose_params, params_from_dict
@@ -238,3 +238,23 @@ def test_on_a_cpu_only_completion_tokens_are_scored_with_the_same_log_probs(tiny
     valid = labels[:, 1:] != -100
     torch.testing.assert_close(completions_only[valid], every_position[valid])
     assert (completions_only[~valid] == 0).all()
+
+
+def test_resume_continues_only_a_run_of_the_same_params(rows, tiny_sft, tmp_path, capsys):
+    """An interrupted run resumes from its checkpoint; after a params change the old run's
+    checkpoint is not resumed (its result would be recorded as the new params' output)."""
+    rewards = reward_functions(_grpo_params())
+
+    def run(**changes):
+        params = _grpo_params(steps=2, batch_size=4, num_generations=2, max_completion_length=8,
+                              save_steps=1, **changes)
+        return train_grpo(params, 0, tiny_sft, rows[:4], tmp_path / "adapter", rewards,
+                          checkpoint_dir=tmp_path / "ckpt", dvclive_dir=None)
+
+    assert run()["resumed_from"] is None
+    assert run(resume=True)["resumed_from"] == "checkpoint-2"
+    capsys.readouterr()
+    changed = run(resume=True, learning_rate=1e-3)
+    assert changed["resumed_from"] is None and changed["steps"] == 2
+    assert "not resuming from" in capsys.readouterr().err
+    assert run(resume=True, learning_rate=1e-3)["resumed_from"] == "checkpoint-2"

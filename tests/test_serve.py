@@ -185,7 +185,7 @@ def test_ddl_prompt_equals_the_training_prompt():
 
 def test_served_prompts_are_the_prompts_the_model_was_evaluated_on(prepared_dir, tmp_path):
     """What the sft stage saves with the model is what the server builds its prompts from."""
-    from sqlrl.evaluate import read_jsonl
+    from sqlrl.jsonio import read_jsonl
     from sqlrl.params import load_params
 
     params = load_params()

@@ -1,0 +1,67 @@
+"""JSON Lines files, the pipeline's data between stages: read with errors that name the file
+and line, written atomically."""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from sqlrl.errors import PipelineError
+from sqlrl.paths import resolve
+
+
+class DataFileError(PipelineError, ValueError):
+    """A data file the pipeline cannot use; the message names the file and line."""
+
+
+class MissingDataFileError(DataFileError, FileNotFoundError):
+    """A data file that is not there (its stage has not run)."""
+
+
+def read_jsonl(path: str | Path, required: Iterable[str] = (), missing_ok: bool = False
+               ) -> list[dict]:
+    """The rows of a JSONL file (relative paths read against the repo root). Every line must
+    be a JSON object holding the `required` keys; otherwise a DataFileError names the file,
+    the line and what is wrong (a stage that read it would fail later with a bare KeyError)."""
+    path = resolve(path)
+    if missing_ok and not path.is_file():
+        return []
+    required = tuple(required)
+    rows = []
+    try:
+        with open(path, encoding="utf-8") as fh:
+            for number, line in enumerate(fh, 1):
+                if line.strip():
+                    rows.append(_row(line, required, f"{path}:{number}"))
+    except UnicodeDecodeError as exc:
+        raise DataFileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    except FileNotFoundError as exc:
+        raise MissingDataFileError(f"{path}: no such file (run the stage that writes it: dvc repro)"
+                            ) from exc
+    return rows
+
+
+def _row(line: str, required: tuple[str, ...], where: str) -> dict:
+    try:
+        row = json.loads(line)
+    except ValueError as exc:  # JSONDecodeError, and ints too long to convert
+        raise DataFileError(f"{where}: not valid JSON ({exc})") from exc
+    if not isinstance(row, dict):
+        raise DataFileError(f"{where}: a JSON {type(row).__name__}, not an object")
+    missing = [key for key in required if key not in row]
+    if missing:
+        raise DataFileError(f"{where}: no {', '.join(missing)} (a row needs "
+                            f"{', '.join(required)})")
+    return row
+
+
+def write_jsonl(path: str | Path, rows: list[dict]) -> Path:
+    """One JSON object a line (an empty file for no rows), written atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
+    tmp.replace(path)
+    return path

@@ -1,0 +1,73 @@
+"""What every stage shares (stages/__init__.py, sqlrl/jsonio.py): one run at a time per stage,
+and bad input files named by file and line."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sqlrl.grpo import ROW_KEYS
+from sqlrl.jsonio import DataFileError, read_jsonl
+from stages import run_stage
+
+REPO = Path(__file__).resolve().parents[1]
+GOOD = '{"prompt": [], "gold_sql": "SELECT 1", "db_id": "d", "question": "q", "db_path": "p"}'
+
+
+@pytest.mark.parametrize("bad_line, says", [
+    ('{"prompt": [], "gold_sql": ', "not valid JSON"),
+    ('["a", "list"]', "a JSON list, not an object"),
+    ('{"prompt": [], "db_id": "d", "question": "q", "db_path": "p"}', "no gold_sql"),
+    ("1" * 5000, "not valid JSON"),  # json raises ValueError, not JSONDecodeError, for this
+])
+def test_a_malformed_line_is_named_by_file_and_line(tmp_path, bad_line, says):
+    path = tmp_path / "grpo_prompts.jsonl"
+    path.write_text(f"{GOOD}\n\n{bad_line}\n{GOOD}\n", encoding="utf-8")
+    with pytest.raises(DataFileError, match=rf"grpo_prompts.jsonl:3: {says}"):
+        read_jsonl(path, ROW_KEYS)
+
+
+def test_non_utf8_and_missing_files_are_named(tmp_path):
+    path = tmp_path / "dev.jsonl"
+    path.write_bytes(GOOD.encode() + b"\n\xff\xfe\n")
+    with pytest.raises(DataFileError, match=r"dev.jsonl: not UTF-8"):
+        read_jsonl(path)
+    with pytest.raises(DataFileError, match=r"absent.jsonl: no such file"):
+        read_jsonl(tmp_path / "absent.jsonl")
+
+
+def test_a_stage_reports_a_bad_input_file_in_one_line(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "grpo_prompts.jsonl"
+    path.write_text(GOOD + "\n{oops\n", encoding="utf-8")
+    assert run_stage("grpo", lambda: read_jsonl(path, ROW_KEYS) and 0) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("grpo: ") and f"{path}:2: not valid JSON" in err
+    assert "Traceback" not in err
+
+
+def test_a_second_run_of_a_running_stage_fails_at_once_naming_the_first(tmp_path, monkeypatch,
+                                                                        capsys):
+    """Killing `dvc repro` can leave its stage running; a second run on the same outputs is
+    refused while the first lives, and runs once it has gone."""
+    monkeypatch.chdir(tmp_path)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import time; from stages import stage_lock; "
+         "h = stage_lock('grpo'); print('held', flush=True); time.sleep(60)"],
+        cwd=tmp_path, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        ran = []
+        assert run_stage("grpo", lambda: ran.append(1) or 0) == 1
+        assert not ran
+        assert f"another process (pid {holder.pid}) is running this stage" in capsys.readouterr().err
+        assert run_stage("sft", lambda: ran.append("sft") or 0) == 0  # other stages are free
+    finally:
+        holder.kill()
+        holder.wait()
+    assert run_stage("grpo", lambda: ran.append("grpo") or 0) == 0
+    assert ran == ["sft", "grpo"]
