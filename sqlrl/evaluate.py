@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from sqlrl.errors import PipelineError
 from sqlrl.jsonio import read_jsonl
 from sqlrl.paths import SPIDER_DIR, resolve
 
@@ -91,6 +92,28 @@ def self_consistency(samples: list[list[str]], db_paths: list[str], executor=Non
 
 # --------------------------------------------------------------------------- one split
 
+class DatabaseFileError(PipelineError):
+    """A Spider database file is present but cannot be read."""
+
+
+def check_gold_databases(rows: list[dict], items: list[dict], spider_dir: str | Path) -> None:
+    """Raise DatabaseFileError when a gold query failed because its database file cannot be
+    read (damaged, truncated, not SQLite): every question on it would score as wrong without a
+    word. A gold query that fails on a readable database stays counted in `gold_failed`."""
+    from sqlrl.executor import SQLExecutor
+    from sqlrl.spider import database_path
+
+    failed = sorted({row["db_id"] for row, item in zip(rows, items) if item.get("gold_failed")})
+    executor = SQLExecutor()
+    for db_id in failed:
+        path = database_path(Path(spider_dir), db_id)
+        probe = executor.execute(path, "SELECT count(*) FROM sqlite_master")
+        if not probe.ok:
+            raise DatabaseFileError(
+                f"{path}: gold queries fail because the database cannot be read "
+                f"({probe.error}); restore it with `dvc checkout data/raw/spider`")
+
+
 def evaluate_split(rows: list[dict], generator, render: Callable[[list[dict]], str], *,
                    num_samples: int = 1, temperature: float = 0.0, seed: int = 0,
                    spider_dir: str | Path = SPIDER_DIR, schema_repair: bool = False,
@@ -138,6 +161,7 @@ def evaluate_split(rows: list[dict], generator, render: Callable[[list[dict]], s
         report = score_predictions([(row["gold"], row["db_id"]) for row in rows], preds,
                                    Path(spider_dir) / "database", Path(spider_dir) / "tables.json",
                                    workers or _default_workers())
+        check_gold_databases(rows, report["items"], spider_dir)
     else:
         report = {"ex": None, "ex_all": None, "em": None, "n": 0, "skipped": 0,
                   "by_hardness": {}, "errors": {}, "items": []}

@@ -264,3 +264,26 @@ def test_only_absent_databases_loads_no_model(dev_rows, spider_dir, tmp_path):
     assert [p["status"] for p in preds["dev"]] == ["skipped"] * ABSENT and preds["heldout"] == []
     with pytest.raises(FileNotFoundError):
         evaluate_model(tmp_path / "no-such-model", params, 0, {"dev": tmp_path / "nope.jsonl"})
+
+
+def test_a_damaged_database_is_an_error_naming_it_not_a_zero(dev_rows, spider_dir, tmp_path):
+    """A database file that is present but not readable SQLite would make every question on
+    it score as wrong; evaluation stops and names the file instead."""
+    from sqlrl.evaluate import DatabaseFileError
+
+    copy = tmp_path / "spider"
+    (copy / "database" / "concert_singer").mkdir(parents=True)
+    (copy / "tables.json").symlink_to(spider_dir / "tables.json")
+    damaged = copy / "database" / "concert_singer" / "concert_singer.sqlite"
+    damaged.write_bytes(b"SQLite format 3\x00" + b"\x07" * 4096)
+    rows = [r for r in dev_rows if r["db_id"] == "concert_singer"]
+    params = EvalParams(batch_size=4, max_new_tokens=8, use_vllm=False, num_samples=1,
+                        temperature=0.8, schema_repair=False)
+    (tmp_path / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(DatabaseFileError, match=str(damaged)):
+        evaluate_model("models/x", params, 0, {"dev": tmp_path / "dev.jsonl"},
+                       generator=_fake_for(rows), render=_render, spider_dir=copy)
+    damaged.write_bytes(b"not a database at all")
+    with pytest.raises(DatabaseFileError, match="cannot be read"):
+        evaluate_model("models/x", params, 0, {"dev": tmp_path / "dev.jsonl"},
+                       generator=_fake_for(rows), render=_render, spider_dir=copy)
