@@ -86,8 +86,8 @@ class ExecLimits:
     max_rows: int = 100_000               # Spider's largest gold results are a few thousand rows
     max_value_bytes: int = 10_000         # SQLITE_LIMIT_LENGTH (string, blob, row); Spider 213
     max_result_bytes: int = 64_000_000    # Python's copy of the result, every value counted
-    max_sql_chars: int = 10_000           # model SQL is < 2k chars (and SQLite refuses a
-                                          # statement over max_value_bytes bytes)
+    max_sql_chars: int = 10_000           # model SQL is < 2k chars; a statement over
+                                          # max_value_bytes bytes is refused as too big too
     progress_steps: int = 1_000           # VM instructions between wall-clock checks
     max_columns: int = 200                # SQLITE_LIMIT_COLUMN; Spider: 26 per table, 19 per result
     max_program_ops: int = 10_000         # SQLITE_LIMIT_VDBE_OP; Spider's gold needs <= 131
@@ -249,15 +249,18 @@ class _Guards:
                 conn.create_function(name, arity, self._stand_in(name), deterministic=True)
 
     def _stand_in(self, name: str):
+        cursor, deadline, printf = self.builtins.cursor(), self.deadline, name in ("printf", "format")
+        sql: dict[int, str] = {}  # by argument count
+
         def call(*args):
-            if time.monotonic() > self.deadline.at:
+            if time.monotonic() > deadline.at:
                 raise TimeoutError(name)  # stops the statement; the caller sees the deadline
             try:
-                if name in ("printf", "format") and \
-                        _printf_overflows(args, self.max_value_bytes):
+                if printf and _printf_overflows(args, self.max_value_bytes):
                     return None
-                return self.builtins.execute(
-                    f"SELECT {name}({', '.join('?' * len(args))})", args).fetchone()[0]
+                query = sql.get(len(args)) or sql.setdefault(
+                    len(args), f"SELECT {name}({', '.join('?' * len(args))})")
+                return cursor.execute(query, args).fetchone()[0]
             except Exception as exc:
                 self.fault = exc
                 raise

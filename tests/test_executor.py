@@ -151,7 +151,9 @@ def test_runaway_queries_time_out_within_the_limit(db, sql):
     executor = SQLExecutor(ExecLimits(timeout_s=0.5))
     start = time.monotonic()
     verdict = executor.execute(db, sql)
-    assert verdict.status == "timeout" and "0.5 s" in verdict.error
+    # a sort in memory may fill SQLite's heap limit before the deadline: an error, as soon
+    assert verdict.status == "timeout" and "0.5 s" in verdict.error or \
+        verdict.status == "error" and "out of memory" in verdict.error
     assert time.monotonic() - start < 3.0
     assert executor.execute(db, "SELECT count(*) FROM singer").rows == ((6,),)  # still usable
 
