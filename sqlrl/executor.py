@@ -18,13 +18,17 @@ programs <= 131 VDBE ops, LIKE patterns <= 42 characters):
   trims: text x text; printf's %c, which in SQLite 3.40 loops over its precision even past the
   length limit) are replaced by guards that check the deadline before each call, then run
   SQLite's own built-in on an in-memory connection with the same limits, so they give the
-  same values and errors, a call at a time.
-* Memory: at most 256 MB per judged query. SQLite's heap, caches and temporary tables
-  included, stays under `max_heap_bytes` (PRAGMA hard_heap_limit; it is process-wide, so
-  concurrent queries in one process share it). Python's copy of the result is counted as it
-  is fetched, every value type included, in chunks small enough that the worst case of the
-  next chunk still fits in `max_result_bytes`; a row holds at most `max_columns` values of at
-  most `max_value_bytes` each.
+  same values and errors, a call at a time. One more step runs unchecked: sorting what a
+  statement gathered for ORDER BY or GROUP BY, in memory; the heap limit bounds it (at
+  64 MiB, about 2M rows: under 2 s past the deadline, measured on a loaded 2-core machine).
+* Memory: under 256 MB per judged query. SQLite's heap (page caches, connections, sorts and
+  temporary tables) stays under `max_heap_bytes` (PRAGMA hard_heap_limit, with the soft
+  limit at half; both are process-wide, so concurrent queries in one process share them;
+  64 MiB holds every Spider database's connection and cache with room to spare). Python's
+  copy of the result is counted as it is fetched, every value type included, in chunks
+  small enough that the worst case of the next chunk still fits in `max_result_bytes`
+  (64 MB): it ends under that plus one row, and a row holds at most `max_columns` values
+  of at most `max_value_bytes` each (8 MB as Python objects).
 * Disk: none. Sorts and temporary tables stay in memory (PRAGMA temp_store=MEMORY, set by the
   sandbox; the authorizer denies every setting PRAGMA to the query itself).
 
@@ -92,7 +96,7 @@ class ExecLimits:
     max_columns: int = 200                # SQLITE_LIMIT_COLUMN; Spider: 26 per table, 19 per result
     max_program_ops: int = 10_000         # SQLITE_LIMIT_VDBE_OP; Spider's gold needs <= 131
     max_like_pattern: int = 1_000         # SQLITE_LIMIT_LIKE_PATTERN_LENGTH; Spider's <= 42
-    max_heap_bytes: int = 128 * 2**20     # PRAGMA hard_heap_limit, process-wide
+    max_heap_bytes: int = 64 * 2**20      # PRAGMA hard_heap_limit, process-wide (see above)
 
     def row_bytes(self, columns: int) -> int:
         """The most memory one fetched row of `columns` values can take in Python: a str of
@@ -176,7 +180,10 @@ def _set_limits(conn: sqlite3.Connection, limits: ExecLimits) -> None:
     conn.setlimit(sqlite3.SQLITE_LIMIT_VDBE_OP, limits.max_program_ops)
     conn.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, limits.max_like_pattern)
     # Process-wide, and a pragma can only lower it: set it the same on every connection.
+    # Above the soft limit, page caches recycle their pages instead of growing, which keeps
+    # the other half for the query itself.
     conn.execute(f"PRAGMA hard_heap_limit={int(limits.max_heap_bytes)}")
+    conn.execute(f"PRAGMA soft_heap_limit={int(limits.max_heap_bytes) // 2}")
     conn.execute("PRAGMA temp_store=MEMORY")
 
 
@@ -232,18 +239,18 @@ def _printf_overflows(args: tuple, limit: int) -> bool:
 class _Guards:
     """Deadline-checked stand-ins for the built-ins in _GUARDED, on one connection.
 
-    Each call checks the deadline, then runs SQLite's own built-in on a private in-memory
-    connection with the same limits, so values and errors are SQLite's. The error a call
-    raised is kept in `fault` (the statement itself only reports that a function failed).
+    Each call checks the deadline, then runs SQLite's own built-in on `builtins`, an
+    in-memory connection with the same limits (one an executor), so values and errors are
+    SQLite's. The error a call raised is kept in `fault` (the statement itself only reports
+    that a function failed).
     """
 
-    def __init__(self, conn: sqlite3.Connection, deadline: _Deadline, limits: ExecLimits):
+    def __init__(self, conn: sqlite3.Connection, deadline: _Deadline, limits: ExecLimits,
+                 builtins: sqlite3.Connection):
         self.deadline = deadline
         self.max_value_bytes = limits.max_value_bytes
         self.fault: Exception | None = None
-        self.builtins = sqlite3.connect(":memory:", isolation_level=None,
-                                        check_same_thread=False)
-        _set_limits(self.builtins, limits)
+        self.builtins = builtins
         for name, arities in _GUARDED.items():
             for arity in arities:
                 conn.create_function(name, arity, self._stand_in(name), deterministic=True)
@@ -266,14 +273,11 @@ class _Guards:
                 raise
         return call
 
-    def close(self):
-        self.builtins.close()
-
 
 class _Connection:
     """One read-only connection with its deadline, opened the safe way."""
 
-    def __init__(self, db_path: str, limits: ExecLimits):
+    def __init__(self, db_path: str, limits: ExecLimits, builtins: sqlite3.Connection):
         uri = Path(db_path).resolve().as_uri() + "?mode=ro&immutable=1"
         self.conn = sqlite3.connect(uri, uri=True, isolation_level=None,
                                     check_same_thread=False)
@@ -282,7 +286,7 @@ class _Connection:
         # Spider databases are a few MB: keep a whole one in this connection's page cache.
         self.conn.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
         _set_limits(self.conn, limits)
-        self.guards = _Guards(self.conn, self.deadline, limits)
+        self.guards = _Guards(self.conn, self.deadline, limits, builtins)
         self.conn.set_authorizer(_authorize)
         self.conn.set_progress_handler(self.deadline, limits.progress_steps)
 
@@ -294,7 +298,6 @@ class _Connection:
     def close(self):
         try:
             self.conn.close()
-            self.guards.close()
         except sqlite3.Error:
             pass
 
@@ -313,6 +316,7 @@ class SQLExecutor:
         self.gold_cache_size = gold_cache_size
         self._connections: OrderedDict[str, _Connection] = OrderedDict()
         self._gold: OrderedDict[tuple[str, str], Verdict] = OrderedDict()
+        self._builtins: sqlite3.Connection | None = None  # runs the guarded built-ins
 
     def execute(self, db_path: str | os.PathLike, sql: str,
                 stop_after: int | None = None) -> Verdict:
@@ -348,6 +352,9 @@ class SQLExecutor:
         """Close every cached connection."""
         while self._connections:
             self._connections.popitem()[1].close()
+        if self._builtins is not None:
+            self._builtins.close()
+            self._builtins = None
 
     def _execute(self, db_path: str, sql, stop_after: int | None) -> Verdict:
         if not isinstance(sql, str):
@@ -437,7 +444,11 @@ class SQLExecutor:
         if conn is not None:
             self._connections.move_to_end(db_path)
             return conn
-        conn = _Connection(db_path, self.limits)
+        if self._builtins is None:
+            self._builtins = sqlite3.connect(":memory:", isolation_level=None,
+                                             check_same_thread=False)
+            _set_limits(self._builtins, self.limits)
+        conn = _Connection(db_path, self.limits, self._builtins)
         self._connections[db_path] = conn
         if len(self._connections) > self.max_connections:
             self._connections.popitem(last=False)[1].close()

@@ -97,6 +97,8 @@ ADVERSARIAL = {
     "length(upper()), many": _filled(LONG + "SELECT ", "length(upper(t || {i})) + unicode(lower(t || {i}))"),
     "sort in memory": "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) "
                       "SELECT i FROM r ORDER BY random() LIMIT 1",
+    "sort of 2M rows in memory": "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 "
+                                 "FROM r WHERE i < 2000000) SELECT NULL FROM r ORDER BY random()",
     "distinct temp table": "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) "
                            "SELECT count(DISTINCT hex(randomblob(64)) || i) FROM r",
     "wide rows": "SELECT " + _calls("z", 2000, ",") + " FROM (SELECT zeroblob(99000) AS z), singer",
