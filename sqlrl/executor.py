@@ -256,7 +256,8 @@ class _Guards:
                 conn.create_function(name, arity, self._stand_in(name), deterministic=True)
 
     def _stand_in(self, name: str):
-        cursor, deadline, printf = self.builtins.cursor(), self.deadline, name in ("printf", "format")
+        cursor, deadline = self.builtins.cursor(), self.deadline
+        printf = name in ("printf", "format")
         sql: dict[int, str] = {}  # by argument count
 
         def call(*args):

@@ -94,7 +94,8 @@ ADVERSARIAL = {
     "instr, many": _filled(LONG + "SELECT ", "instr(t || {i}, n)"),
     "replace, many": _filled(LONG + "SELECT ", "length(replace(t, n, {i}))"),
     "json, many": _filled(LONG + "SELECT ", "json_extract('[\"' || t || '\",{i}]', '$[1]')"),
-    "length(upper()), many": _filled(LONG + "SELECT ", "length(upper(t || {i})) + unicode(lower(t || {i}))"),
+    "length(upper()), many": _filled(LONG + "SELECT ",
+                                     "length(upper(t || {i})) + unicode(lower(t || {i}))"),
     "sort in memory": "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) "
                       "SELECT i FROM r ORDER BY random() LIMIT 1",
     "sort of 2M rows in memory": "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 "
