@@ -272,10 +272,21 @@ def _items(completions, db_path, gold_sql, repair=None) -> list[Item]:
     for p in paths:
         if p not in absolute:
             absolute[p] = str(resolve(p))
-    sqls = [extract_sql(c) for c in completions]
+    sqls = [_each(extract_sql, c) for c in completions]
     if repair is not None:
-        sqls = [repair(i, sql) for i, sql in enumerate(sqls)]
+        sqls = [_each(repair, i, sql) for i, sql in enumerate(sqls)]
     return [(absolute[p], g, s) for s, p, g in zip(sqls, paths, golds)]
+
+
+def _each(fn, *args) -> str:
+    """fn(*args) for one completion; if it fails, that completion's SQL is empty (it scores
+    0) rather than the batch failing, which would score every completion in it 0."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        log.warning("reward: %s failed on one completion: %s: %s",
+                    getattr(fn, "__name__", fn), type(exc).__name__, exc)
+        return ""
 
 
 def _schema_repairer(schemas: dict, n: int, kwargs: dict):

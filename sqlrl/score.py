@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections import Counter
 from pathlib import Path
@@ -161,7 +162,7 @@ def _summary(items: list[dict]) -> dict:
 def read_gold(path) -> list[tuple[str, str]]:
     """(SQL, db_id) per non-blank line of a `SQL<TAB>db_id` file."""
     gold = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    for number, line in enumerate(_lines(path), 1):
         if not line.strip():
             continue
         sql, tab, db_id = line.rpartition("\t")
@@ -173,7 +174,35 @@ def read_gold(path) -> list[tuple[str, str]]:
 
 def read_preds(path) -> list[str]:
     """One SQL per line; an empty line is an empty prediction (it scores 0, as an error)."""
-    return [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
+    return [line.strip() for line in _lines(path)]
+
+
+def _lines(path) -> list[str]:
+    """The lines of a UTF-8 file, split at "\n" only: str.splitlines also splits at U+2028,
+    U+0085, form feeds and more, which can sit inside one SQL line and would silently shift
+    every later prediction. A final newline ends the last line rather than adding one."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScoreInputError(f"{path}: not UTF-8 text (byte {exc.start}: "
+                              f"{exc.object[exc.start:exc.start + 4]!r})") from None
+    except OSError as exc:
+        raise ScoreInputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
+
+
+def _seconds(text: str) -> float:
+    """A finite, positive number of seconds (nan and inf would mean no limit)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a finite number of seconds > 0, got {text!r}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -184,7 +213,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--table", required=True, help="tables.json")
     parser.add_argument("--out", required=True, help="where to write the JSON report")
     parser.add_argument("--workers", type=int, default=None, help="parallel processes")
-    parser.add_argument("--timeout", type=float, default=EVAL_TIMEOUT_S, help="seconds per query")
+    parser.add_argument("--timeout", type=_seconds, default=EVAL_TIMEOUT_S,
+                        help="seconds per query (finite, > 0)")
     parser.add_argument("--keep-distinct", action="store_true",
                         help="compare with DISTINCT kept (the test suite removes it by default)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -208,8 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ScoreInputError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    try:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    except OSError as exc:
+        print(f"error: cannot write the report to {args.out}: {exc.strerror or exc}",
+              file=sys.stderr)
+        return 2
     print(f"EX {_percent(report['ex'])}  EM {_percent(report['em'])}  n={report['n']} "
           f"skipped={report['skipped']}  EX with skipped as wrong {_percent(report['ex_all'])}"
           f"  errors={report['errors']}  -> {args.out}")

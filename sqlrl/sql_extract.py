@@ -35,6 +35,9 @@ _CONTINUATION = re.compile(
     r"intersect|except|join|inner|left|right|cross|natural|on|and|or|not|as|case|when|then|"
     r"else|end|with|values|asc|desc|by|in|exists|between|like|is|null|distinct|all)\b)", re.I)
 _MAX_SEMICOLONS = 32  # cut points examined: plenty for real answers, bounded on huge input
+# Characters sqlite3.complete_statement cannot take (it raises on NUL and on lone surrogates,
+# which surrogateescape-decoded model text can hold); neither can end or quote a statement.
+_UNCHECKABLE = re.compile(r"[\x00\ud800-\udfff]")
 _PROSE_LINE = re.compile(
     r"\n[ \t]*(?:this|the|note|explanation|here|it|we|in this|these|that|above)\b[^\n]*", re.I)
 
@@ -64,7 +67,10 @@ def _content_text(content) -> str:
 
 
 def extract_sql(text) -> str:
-    """The SQL in `text` (a string or a chat message list), without fences, labels, prose or `;`."""
+    """The SQL in `text` (a string or a chat message list), without fences, labels, prose or `;`.
+
+    Takes any string (NULs, lone surrogates, control characters) and never raises: one odd
+    completion must not fail the reward batch, the evaluation or the request it is in."""
     text = _THINK.sub("", completion_text(text))
     block = _fenced(text)
     if block is None:
@@ -119,7 +125,7 @@ def _cut_trailing_prose(sql: str) -> str:
     """Cut at a `;` or a blank line that is followed by prose rather than more SQL."""
     for semicolon in itertools.islice(re.finditer(";", sql), _MAX_SEMICOLONS):
         i = semicolon.start()
-        if sqlite3.complete_statement(sql[:i + 1]):
+        if _complete(sql[:i + 1]):
             rest = sql[i + 1:]
             if rest.strip() and not _STATEMENT_START.match(rest) and not _is_comment(rest):
                 sql = sql[:i + 1]
@@ -131,6 +137,11 @@ def _cut_trailing_prose(sql: str) -> str:
             break
     prose = _PROSE_LINE.search(sql)
     return sql[:prose.start()] if prose else sql
+
+
+def _complete(sql: str) -> bool:
+    """sqlite3.complete_statement for any string: model text may hold NULs or lone surrogates."""
+    return sqlite3.complete_statement(_UNCHECKABLE.sub(" ", sql))
 
 
 def _is_comment(text: str) -> bool:

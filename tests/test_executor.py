@@ -1,9 +1,13 @@
 """The executor: read-only, bounded, a verdict for everything, and the file system untouched."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 
@@ -91,6 +95,11 @@ BAD_SQL = {
     "pragma journal": "PRAGMA journal_mode = WAL",
     "pragma writable schema": "PRAGMA writable_schema = 1",
     "pragma read of a setting": "PRAGMA query_only",
+    "pragma temp store": "PRAGMA temp_store = FILE",
+    "pragma temp dir": "PRAGMA temp_store_directory = '/tmp'",
+    "pragma hard heap limit": "PRAGMA hard_heap_limit = 0",
+    "pragma soft heap limit": "PRAGMA soft_heap_limit = 0",
+    "pragma cache size": "PRAGMA cache_size = -10000000",
     "vacuum": "VACUUM",
     "vacuum into": "VACUUM INTO 'copy.db'",
     "begin": "BEGIN",
@@ -142,7 +151,9 @@ def test_runaway_queries_time_out_within_the_limit(db, sql):
     executor = SQLExecutor(ExecLimits(timeout_s=0.5))
     start = time.monotonic()
     verdict = executor.execute(db, sql)
-    assert verdict.status == "timeout" and "0.5 s" in verdict.error
+    # a sort in memory may fill SQLite's heap limit before the deadline: an error, as soon
+    assert verdict.status == "timeout" and "0.5 s" in verdict.error or \
+        verdict.status == "error" and "out of memory" in verdict.error
     assert time.monotonic() - start < 3.0
     assert executor.execute(db, "SELECT count(*) FROM singer").rows == ((6,),)  # still usable
 
@@ -185,3 +196,147 @@ def test_unusable_arguments_give_verdicts(db, tmp_path):
     not_a_db = tmp_path / "text.sqlite"
     not_a_db.write_text("this is not a database")
     assert execute(not_a_db, "SELECT 1 FROM t").status == "error"
+
+
+def _calls(template: str, n: int) -> str:
+    """n calls of `template` in one expression of one row: max() of groups of 100 (a column
+    list would meet the column limit, a chain of operators the depth limit)."""
+    groups = [f"max({', '.join([template] * min(100, n - k))}, 0)" for k in range(0, n, 100)]
+    return f"max({', '.join(groups)}, 0)"
+
+
+def _text(chars: int, fill: str = "a") -> str:
+    """SQL for a text of `chars` copies of `fill`, made by SQLite."""
+    return f"replace(hex(zeroblob({chars // 2})), '0', '{fill}')"
+
+
+# One row of long values read from a table (so no call is a constant computed once): t, 5k
+# 'a'; p and g, 1,000-character LIKE and GLOB patterns that compare t at every offset; n, a
+# needle memcmp compares in full at every offset; c, a trim set that ends in t's character.
+LONG_ROW = (f"WITH s(t, p, g, n, c) AS (SELECT {_text(5000)} || substr(Name, 1, 0), "
+            f"'%' || {_text(998)} || 'b', '*' || {_text(998)} || 'b', {_text(1000)} || 'b', "
+            f"{_text(800, 'b')} || 'a' FROM singer LIMIT 1) SELECT ")
+# Rows of one text and one 1,000-character pattern: as long as the 10k row limit allows
+LIKE_ROW = (f"WITH s(t, p) AS (SELECT {_text(8900)} || substr(Name, 1, 0), "
+            f"'%' || {_text(998)} || 'b' FROM singer LIMIT 1) SELECT ")
+GLOB_ROW = LIKE_ROW.replace("'%'", "'*'")
+# A text and a pattern that the old 100k length limit let through (14 s for 2 calls)
+HUGE_ROW = (f"WITH s(t, p) AS (SELECT {_text(60_000)} || substr(Name, 1, 0), "
+            f"'%' || {_text(29_998)} || 'b' FROM singer LIMIT 1) SELECT ")
+SLOW_CALLS = {
+    "printf %.*c": "SELECT printf('%.*c', 2147483647, 'x')",
+    "printf %.*c, negative": "SELECT printf('%.*c', -2147483647, 'x')",
+    "printf, literal precision": "SELECT printf('%5.2147483647c', 'x')",
+    "format, after other conversions": "SELECT format('%d %s %%%.*c', 1, 'a', 2147483647, 'x')",
+    "printf in a long row": LONG_ROW + _calls("length(printf('%.*c', 2147483647, t))", 20)
+                            + " FROM s",
+    "like on huge values": HUGE_ROW + _calls("t LIKE p", 4) + " FROM s",
+    "like, many calls": LIKE_ROW + _calls("t LIKE p", 200) + " FROM s",
+    "glob, many calls": GLOB_ROW + _calls("t GLOB p", 200) + " FROM s",
+    "trim, many calls": LONG_ROW + _calls("length(rtrim(t, c))", 150) + " FROM s",
+    "mixed built-ins": LONG_ROW + _calls("max(t LIKE p, instr(t, n), length(replace(t, n, 1)), "
+                                         "length(trim(t, c)), t GLOB g)", 45) + " FROM s",
+    "like in a cartesian product": LONG_ROW + "count(*) FROM s, singer a, singer b, singer c, "
+                                   "singer d WHERE t || a.Name LIKE p OR t || b.Name GLOB g",
+}
+
+
+@pytest.mark.parametrize("name", SLOW_CALLS)
+def test_no_call_of_a_built_in_outlasts_the_limit(db, name):
+    """The progress handler runs only between loop steps and rows: one long built-in call,
+    or many in one row, ran past it (printf's %.*c 2**31: 12 s against a 1 s limit)."""
+    executor = SQLExecutor(ExecLimits(timeout_s=1.0))
+    start = time.monotonic()
+    verdict = executor.execute(db, SLOW_CALLS[name])
+    assert time.monotonic() - start < 1.0 + 2.0, verdict
+    assert verdict.status in ("ok", "error", "timeout"), verdict
+    assert executor.execute(db, "SELECT count(*) FROM singer").rows == ((6,),)
+
+
+def test_guarded_built_ins_give_sqlites_own_values_and_errors(db):
+    executor = SQLExecutor()
+    sql = ("SELECT 'Abc' LIKE 'a%', 'a_c' LIKE 'a!_c' ESCAPE '!', 'abc' GLOB 'a*', "
+           "replace('banana', 'an', 'AN'), instr('banana', 'nan'), trim('xxhixx', 'x'), "
+           "ltrim('xxhi', 'x'), rtrim('hixx', 'x'), printf('%5.2f|%-3d|%.*c|%s', 3.14159, 7, "
+           "3, 'z', NULL), format('%q', 'it''s'), printf('%.*c', 20000, 'x'), 12 LIKE 1 || '%', "
+           "NULL LIKE 'a', replace(x'6162', 'b', 'c'), instr(1234, 23), printf('%.*c', '3x', 'y'), "
+           "printf('%!.3c|%5c', 'é', 'q'), instr(x'00ff00', x'ff'), trim(3.5, 3), "
+           "printf('%.*c', '  +12xyz', 'ab'), printf('%.4294967299c', 'x'), "
+           "printf('%c%d', 'x', 123456789), printf('%.*c', '" + "9" * 5000 + "', 'x'), "
+           "printf('%.*c', 3.9, 'x'), printf('%.*c|%.*s', 2, 'x', 2147483647, 'y')")
+    plain = sqlite3.connect(":memory:")
+    plain.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, ExecLimits().max_value_bytes)
+    expected = tuple(plain.execute(sql).fetchall())
+    plain.close()
+    assert executor.execute(db, sql).rows == expected
+    assert expected[0][:11] == (1, 1, 1, "bANANa", 3, "hi", "hi", "hi", " 3.14|7  |zzz|",
+                                "it''s", None)
+    like = "SELECT Name FROM singer WHERE Name LIKE '%o%' OR Country GLOB '*[A-F]*'"
+    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as raw:
+        assert executor.execute(db, like).rows == tuple(raw.execute(like).fetchall())
+    raw.close()
+    assert "pattern too complex" in executor.execute(
+        db, "SELECT 'a' LIKE '%" + "a" * 2_000 + "'").error
+
+
+MEMORY_CHILD = """
+import json, resource, sys
+from sqlrl.executor import ExecLimits, SQLExecutor
+executor = SQLExecutor(ExecLimits(timeout_s=5.0))
+executor.execute(sys.argv[1], "SELECT 1")
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+verdict = executor.execute(sys.argv[1], sys.stdin.read())
+grown = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024
+print(json.dumps([verdict.status, verdict.error, grown]))
+"""
+RECURSIVE = "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < {n}) "
+MEMORY_HOGS = {
+    "2,000 wide blob columns": "SELECT " + ", ".join(["z"] * 2000)
+                               + " FROM (SELECT zeroblob(99000) AS z), singer",
+    "199 wide blob columns": "SELECT " + ", ".join(["z"] * 199)
+                             + " FROM (SELECT zeroblob(99000) AS z), singer",
+    "ints and NULLs": RECURSIVE.format(n=99_999) + "SELECT " + ", ".join(["i, NULL"] * 90)
+                      + " FROM r",
+    "a distinct set in SQLite's heap": RECURSIVE.format(n=10**6)
+                                       + "SELECT count(DISTINCT randomblob(1000)) FROM r",
+}
+
+
+@pytest.mark.parametrize("name", MEMORY_HOGS)
+def test_memory_is_bounded_before_it_is_spent(db, name):
+    """256 MB a query, whatever it holds: the result cap was checked only after a 512-row
+    chunk and counted no numbers or NULLs (2,000 blob columns: 1.3 GB)."""
+    result = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(db)],
+                            input=MEMORY_HOGS[name], capture_output=True, text=True,
+                            timeout=60, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr
+    status, error, grown_mb = json.loads(result.stdout)
+    assert status == "error" and error, (status, error)
+    assert grown_mb < 256, (grown_mb, error)
+
+
+def test_sorts_and_temporary_tables_never_touch_the_disk(db):
+    """SQLite spilled a big sort to a deleted temporary file (etilqs_*) in /var/tmp or /tmp."""
+    sql = (RECURSIVE.format(n=200_000)
+           + "SELECT count(*) FROM (SELECT hex(randomblob(100)) AS x FROM r GROUP BY x)")
+    temp_files, done = set(), threading.Event()
+
+    def watch():  # SQLite deletes its temporary files once open: look at open descriptors
+        while not done.is_set():
+            for fd in os.listdir("/proc/self/fd"):
+                try:
+                    target = os.readlink(f"/proc/self/fd/{fd}")
+                except OSError:
+                    continue
+                if "etilqs" in target:
+                    temp_files.add(target)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        verdict = SQLExecutor(ExecLimits(timeout_s=20.0)).execute(db, sql)
+    finally:
+        done.set()
+        watcher.join()
+    assert verdict.rows == ((200_000,),)
+    assert not temp_files

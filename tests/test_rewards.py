@@ -222,3 +222,25 @@ def test_executable_credit_rewards_sql_that_runs_but_is_wrong(relative_db):
 def test_executable_credit_out_of_range_is_refused():
     with pytest.raises(ValueError, match="executable_credit"):
         make_rewards(executable_credit=1.0)
+
+
+def test_one_odd_completion_does_not_zero_the_batch(rewards, relative_db):
+    """A NUL or lone surrogate in one completion scored the whole batch 0.0."""
+    execution, syntax = rewards
+    completions = [GOLD, "SELECT 1\x00;", "SELECT name FROM singer WHERE age > 40; \ud800 prose",
+                   "```sql\nSELECT 1\x00; DROP TABLE singer\n```", GOLD + ";"]
+    n = len(completions)
+    assert execution(completions, db_path=[relative_db] * n, gold_sql=[GOLD] * n) == \
+        [1.0, 0.0, 1.0, 0.0, 1.0]
+    assert syntax(completions, db_path=[relative_db] * n, gold_sql=[GOLD] * n) == \
+        [1.0, 0.0, 1.0, 0.0, 1.0]
+
+
+def test_a_failing_extraction_scores_only_its_completion_zero(rewards, relative_db, monkeypatch):
+    import sqlrl.rewards as rewards_module
+    real = rewards_module.extract_sql
+    monkeypatch.setattr(rewards_module, "extract_sql",
+                        lambda c: real(c) if c != "boom" else 1 / 0)
+    execution, _ = rewards
+    assert execution([GOLD, "boom", GOLD], db_path=[relative_db] * 3, gold_sql=[GOLD] * 3) == \
+        [1.0, 0.0, 1.0]

@@ -158,3 +158,60 @@ def test_trivial_gold_results_are_flagged_and_left_out_of_ex_nontrivial(gold_vs_
     assert one["ex"] == 1.0                        # EX as Spider defines it: the results agree
     assert one["items"][0]["gold_trivial"] and one["n_trivial_gold"] == 1
     assert one["ex_nontrivial"] is None            # nothing telling left to score
+
+
+def run_score(spider_dir, gold, pred, out, *extra):
+    """The scorer as a user runs it: a process, its exit code and its stderr."""
+    return subprocess.run(
+        [sys.executable, "-m", "sqlrl.score", "--gold", str(gold), "--pred", str(pred),
+         "--db", str(spider_dir / "database"), "--table", str(spider_dir / "tables.json"),
+         "--out", str(out), "--workers", "1", "--no-progress", *extra],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\x85", "\x0c", "\x1c", "\r"])
+def test_only_newlines_separate_predictions(spider_dir, tmp_path, separator):
+    """str.splitlines split a prediction at U+2028 (and more) and shifted every later one."""
+    gold_lines = (spider_dir / "dev_gold.sql").read_text().splitlines()[:3]
+    preds = [line.split("\t")[0] for line in gold_lines]
+    preds[0] = preds[0].replace(" ", separator, 1)  # inside the first prediction
+    gold, pred = write_files(tmp_path, gold_lines, preds)
+    out = tmp_path / "report.json"
+    result = run_score(spider_dir, gold, pred, out)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["total"] == 3
+    assert [it["ex"] for it in report["items"]][1:] == [1, 1]  # later lines not shifted
+
+
+def test_a_predictions_file_that_is_not_utf8_exits_2_naming_it(spider_dir, tmp_path):
+    gold_lines = (spider_dir / "dev_gold.sql").read_text().splitlines()[:2]
+    gold, pred = write_files(tmp_path, gold_lines, ["SELECT 1", "SELECT 2"])
+    pred.write_bytes(b"SELECT 'caf\xe9'\nSELECT 2\n")
+    result = run_score(spider_dir, gold, pred, tmp_path / "report.json")
+    assert result.returncode == 2
+    assert str(pred) in result.stderr and "UTF-8" in result.stderr
+    assert "Traceback" not in result.stderr
+    gold.write_bytes(b"\xff\xfe" + gold.read_bytes())
+    result = run_score(spider_dir, gold, pred, tmp_path / "report.json")
+    assert result.returncode == 2 and str(gold) in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("where", ["directory", "under a file"])
+def test_an_unwritable_report_path_exits_2_naming_it(spider_dir, tmp_path, where):
+    gold_lines = (spider_dir / "dev_gold.sql").read_text().splitlines()[:1]
+    gold, pred = write_files(tmp_path, gold_lines, [gold_lines[0].split("\t")[0]])
+    out = tmp_path if where == "directory" else pred / "report.json"
+    result = run_score(spider_dir, gold, pred, out)
+    assert result.returncode == 2
+    assert str(out) in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1", "ten"])
+def test_a_limit_that_is_not_a_finite_positive_number_is_refused(value, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--gold", "g", "--pred", "p", "--db", "d", "--table", "t", "--out", "o",
+              "--timeout", value])
+    assert exit_.value.code == 2
+    assert "--timeout" in capsys.readouterr().err

@@ -90,3 +90,19 @@ def test_megabyte_inputs_are_handled_quickly(text):
     start = time.monotonic()
     extract_sql(text)
     assert time.monotonic() - start < 3.0
+
+
+ODD = ["\x00", "\ud800", "\udcff", "\x00\ud800", "\x1b", "\ufeff", "\u2028"]
+
+
+@pytest.mark.parametrize("odd", ODD)
+@pytest.mark.parametrize("shape", [
+    "SELECT 1{odd};", "SELECT 1{odd}; and some prose", "SELECT '{odd}'; SELECT 2",
+    "```sql\nSELECT 1{odd};\n```", "{odd}SELECT 1; -- done{odd}", "SQL: SELECT 1;{odd} ok then",
+    "The answer is SELECT name FROM singer{odd}; hope it helps", "{odd};{odd};{odd}",
+])
+def test_any_string_is_taken_without_raising(shape, odd):
+    """NULs and lone surrogates (surrogateescape-decoded text) made complete_statement raise."""
+    sql = extract_sql(shape.format(odd=odd))
+    assert isinstance(sql, str)
+    assert "SELECT" in sql or not sql.strip("; " + odd)
