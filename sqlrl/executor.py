@@ -280,8 +280,11 @@ class _Connection:
 
     def __init__(self, db_path: str, limits: ExecLimits, builtins: sqlite3.Connection):
         uri = Path(db_path).resolve().as_uri() + "?mode=ro&immutable=1"
+        # no statement cache: model SQL rarely repeats (gold results are cached as verdicts),
+        # and 128 cached statements a database held SQLite's heap past its limit after a few
+        # thousand queries, failing every later one as out of memory
         self.conn = sqlite3.connect(uri, uri=True, isolation_level=None,
-                                    check_same_thread=False)
+                                    check_same_thread=False, cached_statements=0)
         self.deadline = _Deadline()
         self.conn.execute("PRAGMA query_only=1")
         # Spider databases are a few MB: keep a whole one in this connection's page cache.

@@ -15,6 +15,7 @@ import argparse
 import csv
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -65,19 +66,12 @@ def _delta(new, old) -> str:
 
 
 def dvc_diff_table(kind: str, baseline: str, root: Path = REPO_ROOT) -> str:
-    """`dvc params diff` / `dvc metrics diff` against `baseline` as a Markdown table."""
-    from dvc.repo import Repo
-
-    with Repo(str(root)) as repo:
-        api = repo.params if kind == "params" else repo.metrics
-        diff = api.diff(a_rev=baseline).get("diff", {})
-    rows = [(path, key, change.get("old"), change.get("new"))
-            for path, entries in sorted(diff.items()) for key, change in sorted(entries.items())]
-    if not rows:
-        return f"No {kind} changed.\n"
-    lines = [f"| file | {kind[:-1]} | {baseline} | this revision | change |", "|---|---|---|---|---|"]
-    lines += [f"| {p} | `{k}` | {_fmt(o)} | {_fmt(n)} | {_delta(n, o)} |" for p, k, o, n in rows]
-    return "\n".join(lines) + "\n"
+    """`dvc params diff --md` / `dvc metrics diff --md` against `baseline`, as DVC prints it."""
+    run = subprocess.run(["dvc", kind, "diff", baseline, "--md"], cwd=root, capture_output=True,
+                         text=True, env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+    if run.returncode != 0:
+        raise ValueError(f"dvc {kind} diff {baseline} failed: {run.stderr.strip()}")
+    return run.stdout.strip() + "\n" if run.stdout.strip() else f"No {kind} changed.\n"
 
 
 def accuracy_table(old: dict[str, dict | None], new: dict[str, dict | None]) -> str:
@@ -147,7 +141,7 @@ def _read_curve(text: str | None) -> tuple[list[float], list[float]]:
     return [float(r["step"]) for r in rows], [float(r[value_key]) for r in rows]
 
 
-def render_plots(out_dir: Path, baseline: str, old_evals: dict, new_evals: dict,
+def render_plots(out_dir: Path, baseline: str, new_evals: dict,
                  root: Path = REPO_ROOT) -> list[str]:
     """PNG files for the report; returns their names (only the plots that have data)."""
     import matplotlib
@@ -208,7 +202,7 @@ def build_report(baseline: str, out_dir: Path, root: Path = REPO_ROOT) -> Path:
         new_rows, old_rows = _jsonl(workspace_text(path, root)), _jsonl(git_show(baseline, path, root))
         if new_rows and old_rows:
             parts.append(flips_section(stage, flipped_questions(old_rows, new_rows), baseline))
-    plots = render_plots(out_dir, baseline, old_evals, new_evals, root)
+    plots = render_plots(out_dir, baseline, new_evals, root)
     if plots:
         parts.append("## Plots\n")
         parts += [f"![{name}]({name})\n" for name in plots]

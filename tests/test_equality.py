@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import random
-import time
 
 import pytest
 
@@ -55,19 +54,19 @@ def test_values_compare_exactly_as_sqlite_returns_them():
     assert not results_match([(b"a",)], [("a",)], ordered=False)   # blob is not text
 
 
-def test_wide_results_with_look_alike_columns_are_decided_quickly():
+def test_wide_results_with_look_alike_columns_are_decided():
+    """14 columns whose values look alike: the column matching must not try every one of the
+    14! permutations (it did once, and never finished); the speed is in bench_reward.py."""
     rng = random.Random(0)
     rows = [tuple(rng.sample(range(14), 14)) for _ in range(300)]
     perm = list(range(14))
     rng.shuffle(perm)
     permuted = [tuple(row[j] for j in perm) for row in rows]
-    start = time.monotonic()
     assert results_match(rows, permuted, ordered=False)
     broken = permuted[:-1] + [tuple(reversed(permuted[-1]))]
     assert not results_match(rows, broken, ordered=False)
     same = [tuple(range(14))] * 50
     assert results_match(same, [tuple(reversed(range(14)))] * 50, ordered=False)
-    assert time.monotonic() - start < 2.0
 
 
 # ----------------------------------------------------------------------------- the SQL side

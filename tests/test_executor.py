@@ -340,3 +340,30 @@ def test_sorts_and_temporary_tables_never_touch_the_disk(db):
         watcher.join()
     assert verdict.rows == ((200_000,),)
     assert not temp_files
+
+
+STATEMENTS_CHILD = """
+import json, os, sys
+from sqlrl.executor import ExecLimits, SQLExecutor
+spider = sys.argv[1]
+executor = SQLExecutor(ExecLimits(max_heap_bytes=32 * 2**20))
+failed = []
+for i, row in enumerate(json.load(open(os.path.join(spider, "train_spider.json")))):
+    db = os.path.join(spider, "database", row["db_id"], row["db_id"] + ".sqlite")
+    if os.path.exists(db):
+        verdict = executor.execute(db, row["query"].rstrip(";") + f" /* {i} */")
+        if "memory" in verdict.error:
+            failed.append(i)
+print(json.dumps(failed[:5]))
+"""
+
+
+def test_thousands_of_distinct_queries_do_not_exhaust_the_heap(spider_dir):
+    """A GRPO prompt selection judges ~8,000 distinct model queries in one process: with each
+    connection caching 128 prepared statements, SQLite's heap reached its limit and every
+    later query failed as 'out of memory' (a reward of 0, silently). 7,000 distinct gold
+    queries on all databases, with half the default heap limit."""
+    result = subprocess.run([sys.executable, "-c", STATEMENTS_CHILD, str(spider_dir)],
+                            capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []

@@ -96,19 +96,18 @@ def test_quote_identifier():
     assert quote_identifier('a"b') == '"a""b"'
 
 
-def test_chat_template_renders_messages_with_generation_prompt():
-    """Prompts are rendered by the tokenizer's chat template (a ChatML template here)."""
+def test_prompts_render_as_qwen25_sees_them_and_the_scratch_model_matches():
+    """The rendered prompt is Qwen2.5's ChatML (its real tokenizer, offline), ending in the
+    assistant header the model continues; the from-scratch model's template renders the same
+    text, so both profiles train and serve on one prompt format."""
+    from sqlrl.modeling import to_transformers_tokenizer, train_tokenizer
     from sqlrl.prompts import render_prompt
+    from sqlrl.qwen_tokenizer import build_qwen25_tokenizer
 
-    class ChatMLTokenizer:
-        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
-            from jinja2 import Template
-            template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
-                        "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}"
-                        "<|im_start|>assistant\n{% endif %}")
-            return Template(template).render(messages=messages,
-                                             add_generation_prompt=add_generation_prompt)
-
-    text = render_prompt(ChatMLTokenizer(), build_messages("t | a", "Q?", "S"))
-    assert text.startswith("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n")
-    assert text.endswith("<|im_start|>assistant\n")
+    messages = build_messages("t | a", "Q?", "S")
+    qwen = render_prompt(build_qwen25_tokenizer(), messages)
+    assert qwen == ("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n"
+                    "Database schema:\nt | a\n\nQuestion: Q?<|im_end|>\n"
+                    "<|im_start|>assistant\n")
+    scratch = to_transformers_tokenizer(train_tokenizer(["SELECT a FROM t"] * 10, 300))
+    assert render_prompt(scratch, messages) == qwen

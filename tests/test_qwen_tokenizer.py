@@ -5,7 +5,6 @@ from __future__ import annotations
 import base64
 import json
 import random
-import time
 import unicodedata
 
 import pytest
@@ -86,9 +85,7 @@ def test_known_ids_and_special_tokens(tokenizer, reference):
 
 def test_built_once_per_process(tokenizer):
     """Prompt budgets ask for it per database: later calls must not rebuild 151k merges."""
-    start = time.perf_counter()
     assert build_qwen25_tokenizer() is tokenizer
-    assert time.perf_counter() - start < 0.05
 
 
 def test_chat_template_is_qwen25_chatml(tokenizer):

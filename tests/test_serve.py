@@ -29,8 +29,7 @@ from sqlrl.serve import PromptSettings, ServeConfig, create_app, schema_from_ddl
 from sqlrl.serve.backends import BackendOptions, BatchingBackend, Busy, make_backend
 from sqlrl.serve.prompting import PromptBuilder
 
-fastapi_testclient = pytest.importorskip("fastapi.testclient")
-TestClient = fastapi_testclient.TestClient
+from fastapi.testclient import TestClient  # a hard dependency: never skip these tests
 
 SETTINGS = PromptSettings("compact", 0, "You are a text-to-SQL assistant.")
 COUNT_SQL = "SELECT count(*) FROM singer"
@@ -227,6 +226,28 @@ def test_num_samples_votes_by_execution(client):
     r = client.post("/generate", json={"question": PAIRS[0][0], "db_id": "concert_singer",
                                        "num_samples": 2})  # no execution: the commonest text
     assert r.status_code == 200 and r.json()["vote"] == "sql_text"
+
+
+def test_python_api_answers_as_the_server_does(client, trained):
+    """`TextToSQL(model)(question, db=...)`: the prompt settings saved with the model, the
+    same extraction, repair, execution and voting as the server (and evaluation)."""
+    from sqlrl.text_to_sql import TextToSQL
+
+    t = TextToSQL(trained, spider_dir=SPIDER_DIR, max_new_tokens=24)
+    for question, sql in PAIRS[:4]:
+        assert t(question, db="concert_singer") == sql
+        served = client.post("/generate", json={"question": question, "db_id": "concert_singer"})
+        assert served.json()["sql"] == sql
+    answer = t.answer(PAIRS[0][0], db="concert_singer", execute=True)
+    assert answer.verdict.ok and answer.verdict.rows == ((6,),)
+    voted = t.answer(PAIRS[0][0], db="concert_singer", execute=True, num_samples=4,
+                     temperature=0.3, seed=3)
+    assert voted.vote == "execution" and len(voted.candidates) == 4 and voted.sql in voted.candidates
+    assert t(PAIRS[0][0], ddl=CONCERT_DDL) == COUNT_SQL
+    with pytest.raises(ValueError, match="exactly one of db, schema or ddl"):
+        t(PAIRS[0][0], db="concert_singer", ddl=CONCERT_DDL)
+    with pytest.raises(ValueError, match="unknown db_id 'nope'"):
+        t(PAIRS[0][0], db="nope")
 
 
 def test_health_models_and_databases(client, trained):

@@ -62,8 +62,18 @@ def test_full_fine_tuning_writes_a_plain_model_metrics_and_curves(base_dir, monk
     model = AutoModelForCausalLM.from_pretrained(out)
     assert model.config.model_type == "qwen2"
     plots = base_dir / "dvclive/sft/plots/metrics"
+    curves = {}
     for name in ("loss", "learning_rate", "tokens_per_second"):
-        assert (plots / "train" / f"{name}.tsv").is_file() or (plots / f"{name}.tsv").is_file(), name
+        path = plots / "train" / f"{name}.tsv"
+        path = path if path.is_file() else plots / f"{name}.tsv"
+        header, *lines = path.read_text().splitlines()
+        column = header.split("\t").index(name)
+        curves[name] = [(int(line.split("\t")[header.split("\t").index("step")]),
+                         float(line.split("\t")[column])) for line in lines]
+    # the curves dvc plots draws: every logged step (logging_steps 1 here), real values
+    assert [step for step, _ in curves["loss"]] == [0, 1, 2]  # DVCLive counts from 0
+    assert all(value > 0 for _, value in curves["loss"] + curves["tokens_per_second"])
+    assert curves["loss"][-1][1] == pytest.approx(metrics["final_loss"])
     assert not (base_dir / "dvc.yaml").exists()  # DVCLive must not write a dvc.yaml
     # seeded: the same run gives the same weights
     again = train_sft(_params(use_lora=False), 0, base_dir / "base", base_dir / "sft.jsonl",
@@ -113,7 +123,8 @@ def test_prompt_loss_trains_on_the_prompt_tokens(base_dir):
 
 
 def test_weighted_prompt_loss_trains_the_prompt_less(base_dir):
-    """prompt_loss_weight < 1: the prompt is still learnt, less than with full weight."""
+    """prompt_loss_weight < 1: the prompt is still learnt (lower prompt loss than with the
+    completion-only loss), but less than with full weight."""
     def prompt_nll(**changes):
         out = base_dir / f"out_weighted_{changes}"
         train_sft(_params(use_lora=False, epochs=4.0, learning_rate=2e-2, **changes), 0,
@@ -122,7 +133,8 @@ def test_weighted_prompt_loss_trains_the_prompt_less(base_dir):
 
     none = prompt_nll(completion_only_loss=True)
     weighted = prompt_nll(completion_only_loss=False, prompt_loss_weight=0.2)
-    assert weighted < none - 0.5, (weighted, none)
+    full = prompt_nll(completion_only_loss=False, prompt_loss_weight=1.0)
+    assert full < weighted < none - 0.5, (full, weighted, none)
 
 
 @pytest.mark.parametrize("weight", [0.0, -0.5, 1.5])

@@ -1,0 +1,108 @@
+"""A trained model as a Python function, the one thing users do with it:
+
+    from sqlrl.text_to_sql import TextToSQL
+    t = TextToSQL("models/final")
+    t("How many singers do we have?", db="concert_singer")   # 'SELECT count(*) FROM singer'
+
+Prompts are built from the settings saved with the model (sqlrl_prompt.json, written by the
+sft stage), the completion goes through the same SQL extraction and schema repair as
+evaluation, and `answer(..., execute=True)` runs the SQL read-only on the Spider database.
+The HTTP server (sqlrl/serve) finishes its answers with the same `finish_answer`.
+"""
+from __future__ import annotations
+
+import unicodedata
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sqlrl.executor import Verdict
+from sqlrl.paths import SPIDER_DIR
+
+
+@dataclass
+class Answer:
+    """The chosen SQL with how it was chosen; `verdict` when it was executed."""
+    sql: str
+    completion: str                  # the model's text the SQL was taken from
+    candidates: list[str] = field(default_factory=list)  # every sample's SQL, in order
+    votes: int | None = None         # with several samples: the size of the winning group
+    vote: str | None = None          # "execution" (by result) or "sql_text"
+    verdict: Verdict | None = None
+
+
+def finish_answer(texts: list[str], *, schema=None, question: str = "", repair: bool = False,
+                  execute: Callable[[list[str]], list[Verdict]] | None = None) -> Answer:
+    """Model completions -> the answer, as evaluation scores them: the SQL extracted, names
+    the schema lacks repaired (when `repair` and the schema is known), and with several
+    samples a vote: by execution result when `execute` runs them, else by SQL text."""
+    from sqlrl.evaluate import vote
+    from sqlrl.schema_repair import repair_sql
+    from sqlrl.sql_extract import extract_sql
+
+    if not texts:
+        raise ValueError("no completion to answer from")
+    sqls = [extract_sql(text) for text in texts]
+    if repair and schema is not None:
+        sqls = [repair_sql(sql, schema, question) for sql in sqls]
+    verdicts = execute(sqls) if execute is not None else None
+    chosen, votes, how = 0, None, None
+    if len(sqls) > 1 and verdicts is not None:
+        (chosen, votes), how = vote(verdicts), "execution"
+    elif len(sqls) > 1:
+        counts = Counter(sqls)
+        votes, how = max(counts.values()), "sql_text"
+        chosen = next(i for i, sql in enumerate(sqls) if counts[sql] == votes)
+    return Answer(sqls[chosen], texts[chosen], sqls, votes, how,
+                  verdicts[chosen] if verdicts is not None else None)
+
+
+class TextToSQL:
+    """Question + (a Spider `db`, a `schema` string or `ddl`) -> SQL, with a trained model."""
+
+    def __init__(self, model_dir: str | Path, *, spider_dir: str | Path = SPIDER_DIR,
+                 max_new_tokens: int = 128, exec_timeout_s: float = 30.0,
+                 use_vllm: bool = False, **prompt_overrides):
+        from sqlrl.executor import ExecLimits, SQLExecutor
+        from sqlrl.generate import make_generator
+        from sqlrl.serve.prompting import PromptBuilder, PromptSettings
+
+        self.settings = PromptSettings.for_model(model_dir, **prompt_overrides)
+        self.prompts = PromptBuilder(self.settings, spider_dir)
+        self.generator, self.tokenizer = make_generator(
+            model_dir, use_vllm=use_vllm, batch_size=1, max_new_tokens=max_new_tokens, seed=0,
+            progress=False)
+        self.executor = SQLExecutor(ExecLimits(timeout_s=exec_timeout_s))
+
+    def __call__(self, question: str, db: str | None = None, *, schema: str | None = None,
+                 ddl: str | None = None) -> str:
+        """The SQL for `question` (greedy)."""
+        return self.answer(question, db, schema=schema, ddl=ddl).sql
+
+    def answer(self, question: str, db: str | None = None, *, schema: str | None = None,
+               ddl: str | None = None, execute: bool = False, num_samples: int = 1,
+               temperature: float = 0.8, seed: int = 0) -> Answer:
+        """The full answer; `execute` runs it on `db` (read-only); `num_samples` > 1 samples
+        at `temperature` and votes by execution result (with `execute`) or by SQL text."""
+        from sqlrl.prompts import render_prompt
+
+        given = [name for name, value in (("db", db), ("schema", schema), ("ddl", ddl))
+                 if value is not None]
+        if len(given) != 1:
+            raise ValueError(f"give exactly one of db, schema or ddl (got {given or 'none'})")
+        if execute and db is None:
+            raise ValueError("execute needs a db: only Spider databases can be queried")
+        question = unicodedata.normalize("NFC", question).strip()
+        db_path = self.prompts.check_db_id(db, need_file=True) if execute else None
+        messages = self.prompts.messages(question, schema_str=schema, db_id=db, ddl=ddl)
+        prompt = render_prompt(self.tokenizer, messages)
+        if num_samples > 1:
+            texts = self.generator.sample([prompt], num_samples, temperature, seed)[0]
+        else:
+            texts = self.generator.generate([prompt])
+        known = self.prompts.schema(db_id=db, ddl=ddl) if self.settings.schema_repair else None
+        run = ((lambda sqls: [self.executor.execute(db_path, sql) for sql in sqls])
+               if db_path is not None else None)
+        return finish_answer(texts, schema=known, question=question,
+                             repair=self.settings.schema_repair, execute=run)
