@@ -7,7 +7,8 @@
 Prompts are built from the settings saved with the model (sqlrl_prompt.json, written by the
 sft stage), the completion goes through the same SQL extraction and schema repair as
 evaluation, and `answer(..., execute=True)` runs the SQL read-only on the Spider database.
-The HTTP server (sqlrl/serve) finishes its answers with the same `finish_answer`.
+The HTTP server (sqlrl/serve) answers the same way (a test compares them); it keeps its own
+async copy of these steps so that repair and execution stay off its event loop.
 """
 from __future__ import annotations
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import gc
 import json
 import logging
@@ -330,8 +329,17 @@ class Service:
                                  f"({why}); shorten the schema or question")
         return n_tokens
 
+    def repaired(self, req: GenerateRequest, sqls: list[str]) -> list[str]:
+        """Schema repair (eval.schema_repair) where the request's schema is known."""
+        from sqlrl.schema_repair import repair_sql
+
+        schema = self.prompts.schema(db_id=req.db_id, ddl=req.ddl)
+        if schema is None:
+            return sqls
+        return [repair_sql(sql, schema, req.question) for sql in sqls]
+
     async def generate(self, req: GenerateRequest) -> dict:
-        from sqlrl.text_to_sql import finish_answer
+        from sqlrl.sql_extract import extract_sql
 
         opts, prompt, db_path, n_tokens = await self.off_loop(self.prepare, req)
         t0 = time.perf_counter()
@@ -353,23 +361,29 @@ class Service:
         if not texts:
             raise HTTPError(500, "generation failed: the backend returned no completion")
         gen_s = time.perf_counter() - t0
-        # as the Python API answers (sqlrl.text_to_sql): extraction, schema repair where the
-        # schema is known, voting by execution result (db_id + execute) or by SQL text
-        schema = (await self.off_loop(functools.partial(self.prompts.schema, db_id=req.db_id,
-                                                        ddl=req.ddl))
-                  if self.settings.schema_repair else None)
-        run = (functools.partial(self._execute_all, db_path, max_rows=opts["max_rows"])
-               if db_path is not None else None)
-        finish = functools.partial(finish_answer, texts, schema=schema, question=req.question,
-                                   repair=schema is not None, execute=run)
-        # repair alone is CPU work for the bounded prepare pool; execution may wait its timeout
-        answer = await (asyncio.to_thread(finish) if run is not None else self.off_loop(finish))
-        out = {"sql": answer.sql, "completion": answer.completion}
-        if answer.vote is not None:
-            out.update(votes=answer.votes, vote=answer.vote, num_samples=len(texts),
-                       candidates=answer.candidates)
-        if answer.verdict is not None:
-            v = answer.verdict
+        sqls = [extract_sql(t) for t in texts]
+        if self.settings.schema_repair:
+            sqls = await self.off_loop(self.repaired, req, sqls)
+        out = {"sql": sqls[0], "completion": texts[0]}
+        verdicts = None
+        chosen = 0
+        if db_path is not None:
+            verdicts = await asyncio.to_thread(self._execute_all, db_path, sqls, opts["max_rows"])
+            if len(sqls) > 1:
+                from sqlrl.evaluate import vote
+                chosen, votes = vote(verdicts)
+                out.update(votes=votes, vote="execution")
+        elif len(sqls) > 1:  # no database to run them on: the most frequent SQL text wins
+            counts = Counter(sqls)
+            best = max(counts.values())
+            chosen = next(i for i, s in enumerate(sqls) if counts[s] == best)
+            out.update(votes=best, vote="sql_text")
+        out.update(sql=sqls[chosen], completion=texts[chosen])
+        if len(sqls) > 1:
+            out["num_samples"] = len(sqls)
+            out["candidates"] = sqls
+        if verdicts is not None:
+            v = verdicts[chosen]
             out["verdict"] = {"status": v.status, "error": v.error}
             out["columns"] = list(v.columns) if v.columns is not None else None
             out["rows"] = _json_rows(v.rows) if v.rows is not None else None
