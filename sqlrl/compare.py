@@ -5,6 +5,7 @@ items skipped by either (absent database) are left out. The interval is the 2.5 
 percentiles of the mean per-question difference over seeded resamples of the questions: when
 it excludes zero, the difference is unlikely to be an accident of which questions were asked.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -12,36 +13,52 @@ import numpy as np
 RESAMPLES = 10_000
 
 
-def paired_bootstrap(baseline: list[int | None], candidate: list[int | None], seed: int = 0,
-                     resamples: int = RESAMPLES) -> dict:
+def paired_bootstrap(
+    baseline: list[int | None],
+    candidate: list[int | None],
+    seed: int = 0,
+    resamples: int = RESAMPLES,
+) -> dict:
     """Mean EX difference (candidate - baseline) and its 95% bootstrap interval."""
     if len(baseline) != len(candidate):
         raise ValueError(f"cannot pair {len(baseline)} baseline items with {len(candidate)}")
-    pairs = [(b, c) for b, c in zip(baseline, candidate) if b is not None and c is not None]
+    pairs = [
+        (b, c) for b, c in zip(baseline, candidate, strict=False) if b is not None and c is not None
+    ]
     if not pairs:
         return {"n": 0, "diff": None, "ci95": None, "excludes_zero": False}
     diffs = np.array([c - b for b, c in pairs], dtype=float)
     rng = np.random.default_rng(seed)
     means = diffs[rng.integers(0, len(diffs), size=(resamples, len(diffs)))].mean(axis=1)
     low, high = np.percentile(means, [2.5, 97.5])
-    return {"n": len(pairs), "diff": round(float(diffs.mean()), 4),
-            "ci95": [round(float(low), 4), round(float(high), 4)],
-            "excludes_zero": bool(low > 0 or high < 0),
-            "wins": int((diffs > 0).sum()), "losses": int((diffs < 0).sum())}
+    return {
+        "n": len(pairs),
+        "diff": round(float(diffs.mean()), 4),
+        "ci95": [round(float(low), 4), round(float(high), 4)],
+        "excludes_zero": bool(low > 0 or high < 0),
+        "wins": int((diffs > 0).sum()),
+        "losses": int((diffs < 0).sum()),
+    }
 
 
-def compare_predictions(baseline_rows: list[dict], candidate_rows: list[dict],
-                        seed: int = 0) -> dict:
+def compare_predictions(
+    baseline_rows: list[dict], candidate_rows: list[dict], seed: int = 0
+) -> dict:
     """paired_bootstrap over two prediction files, checking they ask the same questions; under
     `nontrivial`, the same on the questions whose gold result is not trivial (`gold_trivial`)."""
-    for i, (b, c) in enumerate(zip(baseline_rows, candidate_rows)):
+    for i, (b, c) in enumerate(zip(baseline_rows, candidate_rows, strict=False)):
         if (b["question"], b["db_id"]) != (c["question"], c["db_id"]):
             raise ValueError(f"prediction files differ at item {i}: not the same questions")
-    result = paired_bootstrap([r["ex"] for r in baseline_rows],
-                              [r["ex"] for r in candidate_rows], seed)
-    telling = [(b, c) for b, c in zip(baseline_rows, candidate_rows)
-               if not (b.get("gold_trivial") or c.get("gold_trivial"))]
+    result = paired_bootstrap(
+        [r["ex"] for r in baseline_rows], [r["ex"] for r in candidate_rows], seed
+    )
+    telling = [
+        (b, c)
+        for b, c in zip(baseline_rows, candidate_rows, strict=False)
+        if not (b.get("gold_trivial") or c.get("gold_trivial"))
+    ]
     if len(telling) < len(baseline_rows):
-        result["nontrivial"] = paired_bootstrap([b["ex"] for b, _ in telling],
-                                                [c["ex"] for _, c in telling], seed)
+        result["nontrivial"] = paired_bootstrap(
+            [b["ex"] for b, _ in telling], [c["ex"] for _, c in telling], seed
+        )
     return result

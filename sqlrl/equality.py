@@ -26,6 +26,7 @@ Our own implementation of the semantics of the Spider test-suite evaluator
   (a leftover that breaks columns named value), and turns MySQL's YEAR(CURDATE()) into 2020
   (not SQLite). A gold query that fails is never equal to anything.
 """
+
 from __future__ import annotations
 
 import re
@@ -36,8 +37,12 @@ from functools import lru_cache
 from sqlglot.errors import SqlglotError
 from sqlglot.tokens import Tokenizer, TokenType
 
-_SPLIT_OPERATORS = {(TokenType.GT, TokenType.EQ), (TokenType.LT, TokenType.EQ),
-                    (TokenType.NOT, TokenType.EQ), (TokenType.EQ, TokenType.EQ)}
+_SPLIT_OPERATORS = {
+    (TokenType.GT, TokenType.EQ),
+    (TokenType.LT, TokenType.EQ),
+    (TokenType.NOT, TokenType.EQ),
+    (TokenType.EQ, TokenType.EQ),
+}
 MAX_PERMUTATIONS = 20_000
 # Cheap text tests that rule out the token work (they may match inside literals; tokens decide).
 _ORDER_BY = re.compile(r"order\s+by", re.I)
@@ -76,11 +81,15 @@ def normalize_sql(sql: str, keep_distinct: bool = False) -> str:
     if not tokens:
         return sql
     cuts: list[tuple[int, int]] = []  # [start, end) spans to delete
-    for prev, tok in zip([None, *tokens], tokens):
+    for prev, tok in zip([None, *tokens], tokens, strict=False):
         if tok.token_type == TokenType.DISTINCT and not keep_distinct:
             cuts.append((tok.start, tok.end + 1))
-        elif (prev is not None and (prev.token_type, tok.token_type) in _SPLIT_OPERATORS
-              and prev.end + 1 < tok.start and not sql[prev.end + 1:tok.start].strip()):
+        elif (
+            prev is not None
+            and (prev.token_type, tok.token_type) in _SPLIT_OPERATORS
+            and prev.end + 1 < tok.start
+            and not sql[prev.end + 1 : tok.start].strip()
+        ):
             cuts.append((prev.end + 1, tok.start))
     if not cuts:
         return sql
@@ -92,8 +101,12 @@ def normalize_sql(sql: str, keep_distinct: bool = False) -> str:
     return "".join(pieces)
 
 
-def results_match(gold_rows: Sequence[tuple], pred_rows: Sequence[tuple], ordered: bool,
-                  max_permutations: int = MAX_PERMUTATIONS) -> bool:
+def results_match(
+    gold_rows: Sequence[tuple],
+    pred_rows: Sequence[tuple],
+    ordered: bool,
+    max_permutations: int = MAX_PERMUTATIONS,
+) -> bool:
     """Whether `pred_rows` equals `gold_rows` up to a column permutation (see module doc)."""
     if not gold_rows and not pred_rows:
         return True
@@ -122,7 +135,7 @@ def _rows_equal(gold_rows, pred_rows, ordered: bool) -> bool:
 def _same_unordered_rows(gold_rows, pred_rows, ordered: bool) -> bool:
     """A cheap necessary condition: the rows agree as bags of values, ignoring column order."""
     if ordered:
-        return all(_bag(g) == _bag(p) for g, p in zip(gold_rows, pred_rows))
+        return all(_bag(g) == _bag(p) for g, p in zip(gold_rows, pred_rows, strict=False))
     return Counter(map(_bag, gold_rows)) == Counter(map(_bag, pred_rows))
 
 
@@ -135,8 +148,8 @@ def _column_pairings(gold_rows, pred_rows, ordered: bool, limit: int):
     predicted columns are interchangeable, so only one of each is tried. At most `limit`
     pairings are tried.
     """
-    gold_cols = list(zip(*gold_rows))
-    pred_cols = list(zip(*pred_rows))
+    gold_cols = list(zip(*gold_rows, strict=False))
+    pred_cols = list(zip(*pred_rows, strict=False))
     first: dict[tuple, int] = {}
     for j, col in enumerate(pred_cols):
         first.setdefault(col, j)
@@ -154,8 +167,9 @@ def _column_pairings(gold_rows, pred_rows, ordered: bool, limit: int):
     def fits(i: int, j: int, perm: list[int]) -> bool:
         if ordered or i == 0:
             return True
-        return (Counter(zip(gold_cols[i - 1], gold_cols[i]))
-                == Counter(zip(pred_cols[perm[i - 1]], pred_cols[j])))
+        return Counter(zip(gold_cols[i - 1], gold_cols[i], strict=False)) == Counter(
+            zip(pred_cols[perm[i - 1]], pred_cols[j], strict=False)
+        )
 
     perm: list[int] = []
     stack = [iter(candidates[0])]

@@ -25,9 +25,9 @@ executable (share of scored predictions that ran without error), generation_seco
 examples_per_second, repaired (with schema repair). The dev split's fields are at the top
 level, the held-out split's under "heldout" (when it has rows).
 """
+
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable
@@ -42,6 +42,7 @@ EVAL_ROW_KEYS = ("question", "gold", "db_id", "prompt")  # what prepare writes f
 
 
 # --------------------------------------------------------------------------- self-consistency
+
 
 def vote(verdicts) -> tuple[int, int]:
     """(index of the chosen candidate, its votes) from the candidates' execution verdicts.
@@ -68,15 +69,21 @@ def vote(verdicts) -> tuple[int, int]:
     return best[0], len(best)
 
 
-def self_consistency(samples: list[list[str]], db_paths: list[str], executor=None,
-                     fix: Callable[[int, str], str] | None = None,
-                     ) -> tuple[list[str], list[int], list[str]]:
+def self_consistency(
+    samples: list[list[str]],
+    db_paths: list[str],
+    executor=None,
+    fix: Callable[[int, str], str] | None = None,
+) -> tuple[list[str], list[int], list[str]]:
     """(chosen SQL, votes, chosen raw text) per question from N sampled texts each.
     `fix(question index, sql)` rewrites each candidate before it runs (schema repair)."""
-    from sqlrl.executor import SQLExecutor
+    from sqlrl.executor import ExecLimits, SQLExecutor
+    from sqlrl.score import EVAL_TIMEOUT_S
     from sqlrl.sql_extract import extract_sql
 
-    executor = executor or SQLExecutor()
+    # a candidate runs under the limit its score will, so a vote never counts a query that
+    # scoring then times out (or drops one that scoring would have judged)
+    executor = executor or SQLExecutor(ExecLimits(timeout_s=EVAL_TIMEOUT_S))
     chosen, votes, texts = [], [], []
     for q, (candidates, db_path) in enumerate(zip(samples, db_paths, strict=True)):
         sqls = [extract_sql(text) for text in candidates]
@@ -92,6 +99,7 @@ def self_consistency(samples: list[list[str]], db_paths: list[str], executor=Non
 
 # --------------------------------------------------------------------------- one split
 
+
 class DatabaseFileError(PipelineError):
     """A Spider database file is present but cannot be read."""
 
@@ -103,7 +111,9 @@ def check_gold_databases(rows: list[dict], items: list[dict], spider_dir: str | 
     from sqlrl.executor import SQLExecutor
     from sqlrl.spider import database_path
 
-    failed = sorted({row["db_id"] for row, item in zip(rows, items) if item.get("gold_failed")})
+    failed = sorted(
+        {row["db_id"] for row, item in zip(rows, items, strict=False) if item.get("gold_failed")}
+    )
     executor = SQLExecutor()
     for db_id in failed:
         path = database_path(Path(spider_dir), db_id)
@@ -111,13 +121,22 @@ def check_gold_databases(rows: list[dict], items: list[dict], spider_dir: str | 
         if not probe.ok:
             raise DatabaseFileError(
                 f"{path}: gold queries fail because the database cannot be read "
-                f"({probe.error}); restore it with `dvc checkout data/raw/spider`")
+                f"({probe.error}); restore it with `dvc checkout data/raw/spider`"
+            )
 
 
-def evaluate_split(rows: list[dict], generator, render: Callable[[list[dict]], str], *,
-                   num_samples: int = 1, temperature: float = 0.0, seed: int = 0,
-                   spider_dir: str | Path = SPIDER_DIR, schema_repair: bool = False,
-                   workers: int | None = None) -> tuple[dict, list[dict]]:
+def evaluate_split(
+    rows: list[dict],
+    generator,
+    render: Callable[[list[dict]], str],
+    *,
+    num_samples: int = 1,
+    temperature: float = 0.0,
+    seed: int = 0,
+    spider_dir: str | Path = SPIDER_DIR,
+    schema_repair: bool = False,
+    workers: int | None = None,
+) -> tuple[dict, list[dict]]:
     """Generate, extract, (repair,) score one split: (metrics, prediction rows in input order)."""
     from sqlrl.score import score_predictions
     from sqlrl.sql_extract import extract_sql
@@ -129,8 +148,11 @@ def evaluate_split(rows: list[dict], generator, render: Callable[[list[dict]], s
         from sqlrl.schema_repair import repairer
         from sqlrl.spider import load_schemas
 
-        fix = repairer(load_schemas(Path(spider_dir) / "tables.json"),
-                       [rows[i]["db_id"] for i in todo], [rows[i]["question"] for i in todo])
+        fix = repairer(
+            load_schemas(Path(spider_dir) / "tables.json"),
+            [rows[i]["db_id"] for i in todo],
+            [rows[i]["question"] for i in todo],
+        )
     unrepaired: list[str] = []
     tokens_before = getattr(generator, "generated_tokens", None)
     start = time.perf_counter()
@@ -141,8 +163,9 @@ def evaluate_split(rows: list[dict], generator, render: Callable[[list[dict]], s
         samples = generator.sample(prompts, num_samples, temperature, seed)
         seconds = time.perf_counter() - start
         _check_count(samples, prompts)
-        sqls, votes, outputs = self_consistency(samples, [rows[i]["db_path"] for i in todo],
-                                                fix=fix)
+        sqls, votes, outputs = self_consistency(
+            samples, [rows[i]["db_path"] for i in todo], fix=fix
+        )
         if fix is not None:
             unrepaired = [extract_sql(text) for text in outputs]
     else:
@@ -158,28 +181,45 @@ def evaluate_split(rows: list[dict], generator, render: Callable[[list[dict]], s
     for k, i in enumerate(todo):
         preds[i], texts[i] = sqls[k], outputs[k]
     if rows:
-        report = score_predictions([(row["gold"], row["db_id"]) for row in rows], preds,
-                                   Path(spider_dir) / "database", Path(spider_dir) / "tables.json",
-                                   workers or _default_workers())
+        report = score_predictions(
+            [(row["gold"], row["db_id"]) for row in rows],
+            preds,
+            Path(spider_dir) / "database",
+            Path(spider_dir) / "tables.json",
+            workers or _default_workers(),
+        )
         check_gold_databases(rows, report["items"], spider_dir)
     else:
-        report = {"ex": None, "ex_all": None, "em": None, "n": 0, "skipped": 0,
-                  "by_hardness": {}, "errors": {}, "items": []}
+        report = {
+            "ex": None,
+            "ex_all": None,
+            "em": None,
+            "n": 0,
+            "skipped": 0,
+            "by_hardness": {},
+            "errors": {},
+            "items": [],
+        }
 
     position = {i: k for k, i in enumerate(todo)}  # row index -> its prompt's index
     predictions = []
     for i, (row, item) in enumerate(zip(rows, report["items"], strict=True)):
         skipped = i not in position or item.get("status") == "skipped"
         pred = {
-            "question": row["question"], "db_id": row["db_id"], "gold": row["gold"],
+            "question": row["question"],
+            "db_id": row["db_id"],
+            "gold": row["gold"],
             "pred": preds[i] if i in position else None,
             "ex": None if skipped else item.get("ex"),
             "em": None if skipped else item.get("em"),
             "hardness": item.get("hardness"),
             "status": "skipped" if skipped else item.get("status"),
             # skipped: the repo-relative path, so the file is the same on every machine
-            "error": (f"database absent: {row.get('db_path') or row['db_id']}" if skipped
-                      else item.get("error") or ""),
+            "error": (
+                f"database absent: {row.get('db_path') or row['db_id']}"
+                if skipped
+                else item.get("error") or ""
+            ),
             "output": texts[i],
         }
         if item.get("gold_trivial") and not skipped:
@@ -193,7 +233,9 @@ def evaluate_split(rows: list[dict], generator, render: Callable[[list[dict]], s
     scored = [p for p in predictions if p["status"] != "skipped"]
     n = len(scored)
     metrics = {
-        "ex": report["ex"], "em": report["em"], "n": n,
+        "ex": report["ex"],
+        "em": report["em"],
+        "n": n,
         # skipped questions counted as wrong: comparable with published Spider numbers
         "ex_all": report["ex_all"],
         "ex_nontrivial": report.get("ex_nontrivial"),
@@ -218,8 +260,9 @@ def evaluate_split(rows: list[dict], generator, render: Callable[[list[dict]], s
 
 def _check_count(outputs: list, prompts: list[str]) -> None:
     if len(outputs) != len(prompts):
-        raise RuntimeError(f"the generator returned {len(outputs)} results for "
-                           f"{len(prompts)} prompts")
+        raise RuntimeError(
+            f"the generator returned {len(outputs)} results for {len(prompts)} prompts"
+        )
 
 
 def _default_workers() -> int:
@@ -228,10 +271,19 @@ def _default_workers() -> int:
 
 # --------------------------------------------------------------------------- a model
 
-def evaluate_model(model_dir: str | Path, params, seed: int, splits: dict[str, str | Path], *,
-                   generator=None, render: Callable[[list[dict]], str] | None = None,
-                   spider_dir: str | Path = SPIDER_DIR, workers: int | None = None,
-                   progress: bool = True) -> tuple[dict, dict[str, list[dict]]]:
+
+def evaluate_model(
+    model_dir: str | Path,
+    params,
+    seed: int,
+    splits: dict[str, str | Path],
+    *,
+    generator=None,
+    render: Callable[[list[dict]], str] | None = None,
+    spider_dir: str | Path = SPIDER_DIR,
+    workers: int | None = None,
+    progress: bool = True,
+) -> tuple[dict, dict[str, list[dict]]]:
     """Evaluate one model on each split. `params` is the `eval` section (EvalParams).
 
     Returns (metrics, predictions per split): the "dev" split's metrics at the top level,
@@ -240,16 +292,23 @@ def evaluate_model(model_dir: str | Path, params, seed: int, splits: dict[str, s
     """
     if PRIMARY_SPLIT not in splits:
         raise ValueError(f"splits must include {PRIMARY_SPLIT!r}")
-    data = {name: read_jsonl(path, EVAL_ROW_KEYS, missing_ok=name != PRIMARY_SPLIT)
-            for name, path in splits.items()}
+    data = {
+        name: read_jsonl(path, EVAL_ROW_KEYS, missing_ok=name != PRIMARY_SPLIT)
+        for name, path in splits.items()
+    }
     if generator is None and any(row.get("prompt") for rows in data.values() for row in rows):
         from sqlrl.generate import make_generator
         from sqlrl.prompts import render_prompt
 
         generator, tokenizer = make_generator(
-            model_dir, use_vllm=params.use_vllm, batch_size=params.batch_size,
-            max_new_tokens=params.max_new_tokens, seed=seed, progress=progress,
-            setting="eval.use_vllm")
+            model_dir,
+            use_vllm=params.use_vllm,
+            batch_size=params.batch_size,
+            max_new_tokens=params.max_new_tokens,
+            seed=seed,
+            progress=progress,
+            setting="eval.use_vllm",
+        )
         render = render or (lambda messages: render_prompt(tokenizer, messages))
     if generator is not None and render is None:
         raise ValueError("a generator passed in needs its `render` (messages -> prompt text)")
@@ -260,15 +319,22 @@ def evaluate_model(model_dir: str | Path, params, seed: int, splits: dict[str, s
         if generator is not None and hasattr(generator, "desc"):
             generator.desc = f"{Path(model_dir).name} {name}"
         split_metrics, predictions[name] = evaluate_split(
-            rows, generator, render, num_samples=params.num_samples,
-            temperature=params.temperature, seed=seed, spider_dir=spider_dir,
-            schema_repair=params.schema_repair, workers=workers)
+            rows,
+            generator,
+            render,
+            num_samples=params.num_samples,
+            temperature=params.temperature,
+            seed=seed,
+            spider_dir=spider_dir,
+            schema_repair=params.schema_repair,
+            workers=workers,
+        )
         if name == PRIMARY_SPLIT:
             metrics.update(split_metrics)
         elif rows:
             metrics[name] = split_metrics
     if generator is not None:
         from sqlrl.generate import decoding_summary
-        metrics["generation"] = decoding_summary(generator, params.temperature,
-                                                 params.num_samples)
+
+        metrics["generation"] = decoding_summary(generator, params.temperature, params.num_samples)
     return metrics, predictions

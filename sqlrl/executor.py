@@ -38,6 +38,7 @@ is a 'skipped' verdict, never an error, so callers count it instead of scoring i
 Known limit: a guarded built-in gets its arguments through Python, so one given text that is
 not valid UTF-8 (which no Spider database holds) makes the query an error.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -55,28 +56,53 @@ from pathlib import Path
 from sqlrl.paths import resolve
 
 # Authorizer action codes that a read-only query needs. Everything else is denied.
-_ALLOWED_ACTIONS = frozenset({
-    sqlite3.SQLITE_SELECT,
-    sqlite3.SQLITE_READ,
-    sqlite3.SQLITE_FUNCTION,   # filtered by name below
-    sqlite3.SQLITE_RECURSIVE,  # recursive CTEs; runaway ones are stopped by the time limit
-    sqlite3.SQLITE_PRAGMA,     # filtered by name below
-})
+_ALLOWED_ACTIONS = frozenset(
+    {
+        sqlite3.SQLITE_SELECT,
+        sqlite3.SQLITE_READ,
+        sqlite3.SQLITE_FUNCTION,  # filtered by name below
+        sqlite3.SQLITE_RECURSIVE,  # recursive CTEs; runaway ones are stopped by the time limit
+        sqlite3.SQLITE_PRAGMA,  # filtered by name below
+    }
+)
 # Functions that reach outside the database (files, extensions, tokenizer pointers).
-_DENIED_FUNCTIONS = frozenset({
-    "load_extension", "readfile", "writefile", "edit", "fts3_tokenizer", "sqlite_dbpage",
-})
+_DENIED_FUNCTIONS = frozenset(
+    {
+        "load_extension",
+        "readfile",
+        "writefile",
+        "edit",
+        "fts3_tokenizer",
+        "sqlite_dbpage",
+    }
+)
 # PRAGMAs that only describe the schema. Anything that sets or maintains something is denied.
-_READ_PRAGMAS = frozenset({
-    "table_info", "table_xinfo", "table_list", "index_list", "index_info", "index_xinfo",
-    "foreign_key_list",
-})
+_READ_PRAGMAS = frozenset(
+    {
+        "table_info",
+        "table_xinfo",
+        "table_list",
+        "index_list",
+        "index_info",
+        "index_xinfo",
+        "foreign_key_list",
+    }
+)
 STATUSES = ("ok", "error", "timeout", "skipped")
 _FETCH_CHUNK = 512
 _CACHE_KIB = 16_384
 # Built-ins one call of which can run long (see the module docstring): name -> arities.
-_GUARDED = {"like": (2, 3), "glob": (2,), "replace": (3,), "instr": (2,), "trim": (2,),
-            "ltrim": (2,), "rtrim": (2,), "printf": (-1,), "format": (-1,)}
+_GUARDED = {
+    "like": (2, 3),
+    "glob": (2,),
+    "replace": (3,),
+    "instr": (2,),
+    "trim": (2,),
+    "ltrim": (2,),
+    "rtrim": (2,),
+    "printf": (-1,),
+    "format": (-1,),
+}
 # One printf conversion as SQLite 3.40 parses it: flags, width, .precision, l/ll, type.
 _PRINTF_SPEC = re.compile(r"%([-+ #!0,]*)(\*|[1-9][0-9]*)?(?:\.(\*|[0-9]*))?(?:ll?)?(.?)", re.S)
 _PRINTF_TAKES_ARG = frozenset("dsgzqQwcouxXfeEGipr")  # 'n' and '%' take none; others stop
@@ -86,17 +112,18 @@ _LEADING_INT = re.compile(r"[ \t\n\v\f\r]*([+-]?)([0-9]+)")
 @dataclass(frozen=True)
 class ExecLimits:
     """Bounds on one query. Defaults suit rewards; evaluation may raise `timeout_s`."""
+
     timeout_s: float = 5.0
-    max_rows: int = 100_000               # Spider's largest gold results are a few thousand rows
-    max_value_bytes: int = 10_000         # SQLITE_LIMIT_LENGTH (string, blob, row); Spider 213
-    max_result_bytes: int = 64_000_000    # Python's copy of the result, every value counted
-    max_sql_chars: int = 10_000           # model SQL is < 2k chars; a statement over
-                                          # max_value_bytes bytes is refused as too big too
-    progress_steps: int = 1_000           # VM instructions between wall-clock checks
-    max_columns: int = 200                # SQLITE_LIMIT_COLUMN; Spider: 26 per table, 19 per result
-    max_program_ops: int = 10_000         # SQLITE_LIMIT_VDBE_OP; Spider's gold needs <= 131
-    max_like_pattern: int = 1_000         # SQLITE_LIMIT_LIKE_PATTERN_LENGTH; Spider's <= 42
-    max_heap_bytes: int = 64 * 2**20      # PRAGMA hard_heap_limit, process-wide (see above)
+    max_rows: int = 100_000  # Spider's largest gold results are a few thousand rows
+    max_value_bytes: int = 10_000  # SQLITE_LIMIT_LENGTH (string, blob, row); Spider 213
+    max_result_bytes: int = 64_000_000  # Python's copy of the result, every value counted
+    max_sql_chars: int = 10_000  # model SQL is < 2k chars; a statement over
+    # max_value_bytes bytes is refused as too big too
+    progress_steps: int = 1_000  # VM instructions between wall-clock checks
+    max_columns: int = 200  # SQLITE_LIMIT_COLUMN; Spider: 26 per table, 19 per result
+    max_program_ops: int = 10_000  # SQLITE_LIMIT_VDBE_OP; Spider's gold needs <= 131
+    max_like_pattern: int = 1_000  # SQLITE_LIMIT_LIKE_PATTERN_LENGTH; Spider's <= 42
+    max_heap_bytes: int = 64 * 2**20  # PRAGMA hard_heap_limit, process-wide (see above)
 
     def row_bytes(self, columns: int) -> int:
         """The most memory one fetched row of `columns` values can take in Python: a str of
@@ -107,11 +134,12 @@ class ExecLimits:
 @dataclass(frozen=True)
 class Verdict:
     """The outcome of one query: ok with rows, or error/timeout/skipped with a reason."""
-    status: str                           # one of STATUSES
-    rows: tuple | None = None             # tuple of row tuples, only when ok
-    columns: tuple | None = None          # column names, only when ok
+
+    status: str  # one of STATUSES
+    rows: tuple | None = None  # tuple of row tuples, only when ok
+    columns: tuple | None = None  # column names, only when ok
     error: str = ""
-    truncated: bool = False               # ok, but rows stop at the caller's `stop_after`
+    truncated: bool = False  # ok, but rows stop at the caller's `stop_after`
 
     @property
     def ok(self) -> bool:
@@ -142,7 +170,8 @@ def _absolute(db_path) -> str:
 def _python_bytes(rows: list[tuple]) -> int:
     """The memory `rows` take in Python: each row's tuple and each value (None is shared)."""
     return sum(map(sys.getsizeof, rows)) + sum(
-        sys.getsizeof(v) for v in itertools.chain.from_iterable(rows) if v is not None)
+        sys.getsizeof(v) for v in itertools.chain.from_iterable(rows) if v is not None
+    )
 
 
 def _tolerant_text(data: bytes) -> str:
@@ -194,7 +223,7 @@ def _int64(value) -> int:
     if value.__class__ is float:
         if math.isnan(value):
             return 0
-        return 2**63 - 1 if value >= 2.0**63 else -2**63 if value <= -2.0**63 else int(value)
+        return 2**63 - 1 if value >= 2.0**63 else -(2**63) if value <= -(2.0**63) else int(value)
     if isinstance(value, bytes):
         value = value.decode("utf-8", "replace")
     found = _LEADING_INT.match(value) if isinstance(value, str) else None
@@ -202,7 +231,7 @@ def _int64(value) -> int:
         return 0
     sign, digits = found.groups()
     magnitude = int(digits[-20:]) if len(digits.lstrip("0")) <= 20 else 2**64  # saturates
-    return max(-2**63, min(2**63 - 1, -magnitude if sign == "-" else magnitude))
+    return max(-(2**63), min(2**63 - 1, -magnitude if sign == "-" else magnitude))
 
 
 def _printf_overflows(args: tuple, limit: int) -> bool:
@@ -221,16 +250,16 @@ def _printf_overflows(args: tuple, limit: int) -> bool:
         repeat = 0
         if precision == "*":
             star = _int64(args[next_arg]) if next_arg < len(args) else 0
-            star = (star + 2**31) % 2**32 - 2**31            # C's (int) cast
+            star = (star + 2**31) % 2**32 - 2**31  # C's (int) cast
             repeat = -star if star < 0 else star
             next_arg += 1
         elif precision:
-            repeat = int(precision) % 2**32 & 0x7fffffff       # C's unsigned arithmetic
+            repeat = int(precision) % 2**32 & 0x7FFFFFFF  # C's unsigned arithmetic
         if kind == "c" and repeat > limit:
             return True
         if kind not in _PRINTF_TAKES_ARG:
             if kind != "n":
-                return False                                   # SQLite stops at an unknown type
+                return False  # SQLite stops at an unknown type
             continue
         next_arg += 1
     return False
@@ -245,8 +274,13 @@ class _Guards:
     that a function failed).
     """
 
-    def __init__(self, conn: sqlite3.Connection, deadline: _Deadline, limits: ExecLimits,
-                 builtins: sqlite3.Connection):
+    def __init__(
+        self,
+        conn: sqlite3.Connection,
+        deadline: _Deadline,
+        limits: ExecLimits,
+        builtins: sqlite3.Connection,
+    ):
         self.deadline = deadline
         self.max_value_bytes = limits.max_value_bytes
         self.fault: Exception | None = None
@@ -267,11 +301,13 @@ class _Guards:
                 if printf and _printf_overflows(args, self.max_value_bytes):
                     return None
                 query = sql.get(len(args)) or sql.setdefault(
-                    len(args), f"SELECT {name}({', '.join('?' * len(args))})")
+                    len(args), f"SELECT {name}({', '.join('?' * len(args))})"
+                )
                 return cursor.execute(query, args).fetchone()[0]
             except Exception as exc:
                 self.fault = exc
                 raise
+
         return call
 
 
@@ -283,8 +319,9 @@ class _Connection:
         # no statement cache: model SQL rarely repeats (gold results are cached as verdicts),
         # and 128 cached statements a database held SQLite's heap past its limit after a few
         # thousand queries, failing every later one as out of memory
-        self.conn = sqlite3.connect(uri, uri=True, isolation_level=None,
-                                    check_same_thread=False, cached_statements=0)
+        self.conn = sqlite3.connect(
+            uri, uri=True, isolation_level=None, check_same_thread=False, cached_statements=0
+        )
         self.deadline = _Deadline()
         self.conn.execute("PRAGMA query_only=1")
         # Spider databases are a few MB: keep a whole one in this connection's page cache.
@@ -313,8 +350,12 @@ class SQLExecutor:
     process: connections are not shared across threads concurrently.
     """
 
-    def __init__(self, limits: ExecLimits | None = None, max_connections: int = 256,
-                 gold_cache_size: int = 20_000):
+    def __init__(
+        self,
+        limits: ExecLimits | None = None,
+        max_connections: int = 256,
+        gold_cache_size: int = 20_000,
+    ):
         self.limits = limits or ExecLimits()
         self.max_connections = max_connections
         self.gold_cache_size = gold_cache_size
@@ -322,8 +363,9 @@ class SQLExecutor:
         self._gold: OrderedDict[tuple[str, str], Verdict] = OrderedDict()
         self._builtins: sqlite3.Connection | None = None  # runs the guarded built-ins
 
-    def execute(self, db_path: str | os.PathLike, sql: str,
-                stop_after: int | None = None) -> Verdict:
+    def execute(
+        self, db_path: str | os.PathLike, sql: str, stop_after: int | None = None
+    ) -> Verdict:
         """Run one query; the result is always a Verdict, whatever `sql` contains.
 
         A relative `db_path` is read against the repo root, as every path the pipeline stores.
@@ -437,8 +479,7 @@ class SQLExecutor:
                 if len(rows) > self.limits.max_rows:
                     return _error(f"result has more than {self.limits.max_rows} rows")
             if len(rows) >= wanted:
-                return Verdict("ok", rows=tuple(rows[:stop_after]), columns=columns,
-                               truncated=True)
+                return Verdict("ok", rows=tuple(rows[:stop_after]), columns=columns, truncated=True)
             return Verdict("ok", rows=tuple(rows), columns=columns)
         finally:
             cursor.close()
@@ -449,8 +490,9 @@ class SQLExecutor:
             self._connections.move_to_end(db_path)
             return conn
         if self._builtins is None:
-            self._builtins = sqlite3.connect(":memory:", isolation_level=None,
-                                             check_same_thread=False)
+            self._builtins = sqlite3.connect(
+                ":memory:", isolation_level=None, check_same_thread=False
+            )
             _set_limits(self._builtins, self.limits)
         conn = _Connection(db_path, self.limits, self._builtins)
         self._connections[db_path] = conn

@@ -25,12 +25,14 @@ sampling is softmax(logits / temperature) with no truncation and no penalty, in 
 picks one: vLLM when asked for and installed, else transformers on the GPU when there is one,
 in the model's dtype.
 """
+
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Protocol, Sequence, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 IM_END = "<|im_end|>"
 
@@ -41,8 +43,7 @@ class Generator(Protocol):
         """One greedy completion per prompt, in the prompts' order."""
         ...
 
-    def sample(self, prompts: list[str], n: int, temperature: float,
-               seed: int) -> list[list[str]]:
+    def sample(self, prompts: list[str], n: int, temperature: float, seed: int) -> list[list[str]]:
         """`n` sampled completions per prompt, in the prompts' order (deterministic by seed)."""
         ...
 
@@ -67,8 +68,9 @@ def stop_token_ids(tokenizer, model=None) -> list[int]:
     return ids
 
 
-def cut_at_stop(ids: Sequence[int], stop_ids: Sequence[int],
-                max_new_tokens: int | None = None) -> list[int]:
+def cut_at_stop(
+    ids: Sequence[int], stop_ids: Sequence[int], max_new_tokens: int | None = None
+) -> list[int]:
     """The completion's token ids: up to (not including) the first stop token, at most
     `max_new_tokens` of them. A row that finished early in a batch is padded after its stop
     token, so the padding goes with it."""
@@ -95,13 +97,29 @@ def length_order(lengths: Sequence[int]) -> list[int]:
 # from model.generation_config, then from transformers' global defaults (top_k 50).
 # min_length is left out: min_new_tokens replaces it (and setting both only logs a warning).
 _HF_NEUTRAL = dict(
-    num_beams=1, use_cache=True, use_mtp=False, min_new_tokens=0,
-    early_stopping=False, length_penalty=1.0, repetition_penalty=1.0,
-    encoder_repetition_penalty=1.0, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0,
-    guidance_scale=1.0, renormalize_logits=False, remove_invalid_values=False,
-    token_healing=False, output_scores=False, output_logits=False, output_attentions=False,
-    output_hidden_states=False, return_dict_in_generate=False,
-    top_p=1.0, typical_p=1.0, epsilon_cutoff=0.0, eta_cutoff=0.0,
+    num_beams=1,
+    use_cache=True,
+    use_mtp=False,
+    min_new_tokens=0,
+    early_stopping=False,
+    length_penalty=1.0,
+    repetition_penalty=1.0,
+    encoder_repetition_penalty=1.0,
+    no_repeat_ngram_size=0,
+    encoder_no_repeat_ngram_size=0,
+    guidance_scale=1.0,
+    renormalize_logits=False,
+    remove_invalid_values=False,
+    token_healing=False,
+    output_scores=False,
+    output_logits=False,
+    output_attentions=False,
+    output_hidden_states=False,
+    return_dict_in_generate=False,
+    top_p=1.0,
+    typical_p=1.0,
+    epsilon_cutoff=0.0,
+    eta_cutoff=0.0,
 )
 
 
@@ -113,8 +131,9 @@ def hf_decoding_settings(temperature: float, n: int = 1) -> dict:
     any greedy top_k other than its default. min_p and top_h have no neutral value ("off" is
     unset); `HFGenerator` keeps them unset by hiding the model's generation_config."""
     if temperature > 0.0:
-        return dict(_HF_NEUTRAL, do_sample=True, temperature=temperature, top_k=0,
-                    num_return_sequences=n)
+        return dict(
+            _HF_NEUTRAL, do_sample=True, temperature=temperature, top_k=0, num_return_sequences=n
+        )
     if n != 1:
         raise ValueError("n > 1 needs a temperature > 0 (greedy gives one answer)")
     return dict(_HF_NEUTRAL, do_sample=False, temperature=1.0, num_return_sequences=1)
@@ -127,12 +146,13 @@ def repeated_rows(input_ids, attention_mask):
 
     rows = torch.cat([input_ids, attention_mask], dim=1)
     starts = [0] + [i for i in range(1, len(rows)) if not torch.equal(rows[i], rows[i - 1])]
-    lengths = [b - a for a, b in zip(starts, starts[1:] + [len(rows)])]
+    lengths = [b - a for a, b in zip(starts, starts[1:] + [len(rows)], strict=False)]
     return starts, lengths
 
 
-def shared_prefix_generate(model, input_ids, attention_mask, generation_config, generate=None,
-                           **kwargs):
+def shared_prefix_generate(
+    model, input_ids, attention_mask, generation_config, generate=None, **kwargs
+):
     """`model.generate` for a left-padded batch whose rows repeat (n samples of a prompt):
     each distinct prompt is run once, its KV cache copied to its repeats, and generation goes
     on from there. The same tokens as `model.generate` (the same random draws) for 1/n of the
@@ -144,24 +164,44 @@ def shared_prefix_generate(model, input_ids, attention_mask, generation_config, 
     generate = generate or model.generate
     starts, lengths = repeated_rows(input_ids, attention_mask)
     if len(starts) == len(input_ids) or input_ids.shape[1] < 2:
-        return generate(input_ids=input_ids, attention_mask=attention_mask,
-                              generation_config=generation_config, **kwargs)
+        return generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=generation_config,
+            **kwargs,
+        )
     ids, mask = input_ids[starts], attention_mask[starts]
     # the positions transformers gives a left-padded prompt (GenerationMixin.
     # _prepare_position_ids_for_generation), so the cached keys are the ones it would compute
     positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
     with torch.no_grad():  # all but the last prompt token: generate runs that one itself
-        cache = model(input_ids=ids[:, :-1], attention_mask=mask[:, :-1],
-                      position_ids=positions[:, :-1], use_cache=True,
-                      logits_to_keep=1).past_key_values
+        cache = model(
+            input_ids=ids[:, :-1],
+            attention_mask=mask[:, :-1],
+            position_ids=positions[:, :-1],
+            use_cache=True,
+            logits_to_keep=1,
+        ).past_key_values
     if not hasattr(cache, "batch_select_indices"):
-        return generate(input_ids=input_ids, attention_mask=attention_mask,
-                              generation_config=generation_config, **kwargs)
-    cache.batch_select_indices(torch.repeat_interleave(
-        torch.arange(len(starts), device=input_ids.device),
-        torch.tensor(lengths, device=input_ids.device)))
-    return generate(input_ids=input_ids, attention_mask=attention_mask,
-                          past_key_values=cache, generation_config=generation_config, **kwargs)
+        return generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=generation_config,
+            **kwargs,
+        )
+    cache.batch_select_indices(
+        torch.repeat_interleave(
+            torch.arange(len(starts), device=input_ids.device),
+            torch.tensor(lengths, device=input_ids.device),
+        )
+    )
+    return generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        past_key_values=cache,
+        generation_config=generation_config,
+        **kwargs,
+    )
 
 
 @contextmanager
@@ -184,8 +224,15 @@ def _bare_generation_config(model):
 class HFGenerator:
     """Batched generation with a transformers causal LM (see the module docstring)."""
 
-    def __init__(self, model, tokenizer, batch_size: int, max_new_tokens: int,
-                 progress: bool = True, desc: str = "generate"):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        batch_size: int,
+        max_new_tokens: int,
+        progress: bool = True,
+        desc: str = "generate",
+    ):
         if batch_size < 1 or max_new_tokens < 1:
             raise ValueError("batch_size and max_new_tokens must be >= 1")
         self.model = model.eval()
@@ -203,13 +250,13 @@ class HFGenerator:
     def generate(self, prompts: list[str]) -> list[str]:
         return [self._decode(ids) for ids in self.generate_ids(prompts)]
 
-    def sample(self, prompts: list[str], n: int, temperature: float,
-               seed: int) -> list[list[str]]:
+    def sample(self, prompts: list[str], n: int, temperature: float, seed: int) -> list[list[str]]:
         groups = self.generate_ids(prompts, n=n, temperature=temperature, seed=seed)
         return [[self._decode(ids) for ids in group] for group in groups]
 
-    def generate_ids(self, prompts: list[str], n: int = 1, temperature: float = 0.0,
-                     seed: int = 0) -> list:
+    def generate_ids(
+        self, prompts: list[str], n: int = 1, temperature: float = 0.0, seed: int = 0
+    ) -> list:
         """Completion token ids per prompt: a list of ids (n == 1, greedy when temperature is
         0) or a list of n lists of ids (n > 1, sampled), in the prompts' order."""
         import torch
@@ -229,18 +276,26 @@ class HFGenerator:
             set_seed(seed)
         results: list = [None] * len(prompts)
         device = self.model.device
-        with Progress(len(prompts), self.desc, unit="ex", enabled=self.progress) as bar, \
-                torch.inference_mode(), _bare_generation_config(self.model):
+        with (
+            Progress(len(prompts), self.desc, unit="ex", enabled=self.progress) as bar,
+            torch.inference_mode(),
+            _bare_generation_config(self.model),
+        ):
             for start in range(0, len(order), self.batch_size):
-                batch = order[start:start + self.batch_size]
+                batch = order[start : start + self.batch_size]
                 input_ids, attention_mask = self._left_pad([encoded[i] for i in batch])
                 out = shared_prefix_generate(
-                    self.model, input_ids.repeat_interleave(n, 0).to(device),
-                    attention_mask.repeat_interleave(n, 0).to(device), config)
-                new = out[:, input_ids.shape[1]:].tolist()
+                    self.model,
+                    input_ids.repeat_interleave(n, 0).to(device),
+                    attention_mask.repeat_interleave(n, 0).to(device),
+                    config,
+                )
+                new = out[:, input_ids.shape[1] :].tolist()
                 for k, i in enumerate(batch):
-                    rows = [cut_at_stop(ids, self.stop_ids, self.max_new_tokens)
-                            for ids in new[k * n:(k + 1) * n]]
+                    rows = [
+                        cut_at_stop(ids, self.stop_ids, self.max_new_tokens)
+                        for ids in new[k * n : (k + 1) * n]
+                    ]
                     self.generated_tokens += sum(len(r) for r in rows)
                     results[i] = rows[0] if n == 1 else rows
                 bar.update(len(batch))
@@ -260,9 +315,12 @@ class HFGenerator:
 
         settings = hf_decoding_settings(temperature, n)
         settings["num_return_sequences"] = 1  # the n copies are in the batch (shared prefill)
-        return GenerationConfig(max_new_tokens=self.max_new_tokens,
-                                eos_token_id=list(self.stop_ids), pad_token_id=self.pad_id,
-                                **settings)
+        return GenerationConfig(
+            max_new_tokens=self.max_new_tokens,
+            eos_token_id=list(self.stop_ids),
+            pad_token_id=self.pad_id,
+            **settings,
+        )
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -275,8 +333,13 @@ class HFGenerator:
 VLLM_ENGINE_SETTINGS = {"generation_config": "vllm", "override_generation_config": {}}
 
 
-def vllm_sampling_settings(n: int, temperature: float, max_tokens: int,
-                           stop_token_ids: Sequence[int] = (), seed: int | None = None) -> dict:
+def vllm_sampling_settings(
+    n: int,
+    temperature: float,
+    max_tokens: int,
+    stop_token_ids: Sequence[int] = (),
+    seed: int | None = None,
+) -> dict:
     """Every decoding field of vLLM 0.31's SamplingParams (vllm/sampling_params.py), neutral
     unless asked for: greedy at temperature 0, else plain temperature sampling (top_k 0 is
     "all tokens" there; -1 is accepted too). Delivery fields (output_kind, logprobs) are the
@@ -287,33 +350,63 @@ def vllm_sampling_settings(n: int, temperature: float, max_tokens: int,
         raise ValueError("n > 1 needs a temperature > 0 (greedy gives one answer)")
     sampling = temperature > 0.0
     return dict(
-        n=n, temperature=temperature if sampling else 0.0, top_p=1.0, top_k=0, min_p=0.0,
+        n=n,
+        temperature=temperature if sampling else 0.0,
+        top_p=1.0,
+        top_k=0,
+        min_p=0.0,
         seed=seed if sampling else None,
-        repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0,
-        max_tokens=max_tokens, min_tokens=0, stop=[], stop_token_ids=list(stop_token_ids),
-        ignore_eos=False, include_stop_str_in_output=False, bad_words=[], logit_bias=None,
-        allowed_token_ids=None, structured_outputs=None, repetition_detection=None,
-        thinking_token_budget=None, watermarking=False,
-        detokenize=True, skip_special_tokens=True, spaces_between_special_tokens=True,
+        repetition_penalty=1.0,
+        presence_penalty=0.0,
+        frequency_penalty=0.0,
+        max_tokens=max_tokens,
+        min_tokens=0,
+        stop=[],
+        stop_token_ids=list(stop_token_ids),
+        ignore_eos=False,
+        include_stop_str_in_output=False,
+        bad_words=[],
+        logit_bias=None,
+        allowed_token_ids=None,
+        structured_outputs=None,
+        repetition_detection=None,
+        thinking_token_budget=None,
+        watermarking=False,
+        detokenize=True,
+        skip_special_tokens=True,
+        spaces_between_special_tokens=True,
     )
 
 
 class VLLMGenerator:
     """Generation with vLLM (GPU). Imported lazily: building this class needs vLLM installed."""
 
-    def __init__(self, model_path: str, max_new_tokens: int, seed: int,
-                 stop_ids: Sequence[int] = (), dtype: str = "auto", **llm_kwargs):
+    def __init__(
+        self,
+        model_path: str,
+        max_new_tokens: int,
+        seed: int,
+        stop_ids: Sequence[int] = (),
+        dtype: str = "auto",
+        **llm_kwargs,
+    ):
         import vllm  # lazy: CUDA-only, absent from the CPU install
 
         self._vllm = vllm
         self.max_new_tokens = max_new_tokens
         self.stop_ids = list(stop_ids)
-        self.llm = vllm.LLM(model=model_path, tokenizer=model_path, dtype=dtype, seed=seed,
-                            **{**VLLM_ENGINE_SETTINGS, **llm_kwargs})
+        self.llm = vllm.LLM(
+            model=model_path,
+            tokenizer=model_path,
+            dtype=dtype,
+            seed=seed,
+            **{**VLLM_ENGINE_SETTINGS, **llm_kwargs},
+        )
 
     def _params(self, n: int, temperature: float, seed: int | None):
-        return self._vllm.SamplingParams(**vllm_sampling_settings(
-            n, temperature, self.max_new_tokens, self.stop_ids, seed))
+        return self._vllm.SamplingParams(
+            **vllm_sampling_settings(n, temperature, self.max_new_tokens, self.stop_ids, seed)
+        )
 
     def generate(self, prompts: list[str]) -> list[str]:
         if not prompts:
@@ -321,8 +414,7 @@ class VLLMGenerator:
         outputs = self.llm.generate(list(prompts), self._params(1, 0.0, None))
         return [o.outputs[0].text for o in outputs]
 
-    def sample(self, prompts: list[str], n: int, temperature: float,
-               seed: int) -> list[list[str]]:
+    def sample(self, prompts: list[str], n: int, temperature: float, seed: int) -> list[list[str]]:
         if not prompts:
             return []
         outputs = self.llm.generate(list(prompts), self._params(n, temperature, seed))
@@ -341,8 +433,17 @@ def decoding_summary(generator, temperature: float, n: int = 1) -> dict:
         settings = hf_decoding_settings(temperature, n)
     else:
         return {"backend": type(generator).__name__}
-    keys = ("do_sample", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-            "num_beams", "n", "num_return_sequences")
+    keys = (
+        "do_sample",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "num_beams",
+        "n",
+        "num_return_sequences",
+    )
     return {"backend": type(generator).__name__, **{k: settings[k] for k in keys if k in settings}}
 
 
@@ -355,9 +456,17 @@ def vllm_available() -> bool:
     return True
 
 
-def make_generator(model_dir: str | Path, *, use_vllm: bool, batch_size: int,
-                   max_new_tokens: int, seed: int, progress: bool = True,
-                   desc: str = "generate", setting: str = "use_vllm"):
+def make_generator(
+    model_dir: str | Path,
+    *,
+    use_vllm: bool,
+    batch_size: int,
+    max_new_tokens: int,
+    seed: int,
+    progress: bool = True,
+    desc: str = "generate",
+    setting: str = "use_vllm",
+):
     """(generator, tokenizer) for `model_dir`: vLLM when `use_vllm` and vLLM is installed,
     else transformers, on the GPU when there is one, in the dtype the model was saved in (or
     its base record's). `setting` names the param in the warning when vLLM is missing."""
@@ -366,23 +475,31 @@ def make_generator(model_dir: str | Path, *, use_vllm: bool, batch_size: int,
     if use_vllm and vllm_available():
         tokenizer = load_tokenizer(model_dir)
         path, _ = model_location(model_dir)
-        generator = VLLMGenerator(path, max_new_tokens, seed,
-                                  stop_ids=stop_token_ids(tokenizer),
-                                  dtype=_base_record(model_dir).get("dtype", "auto"))
+        generator = VLLMGenerator(
+            path,
+            max_new_tokens,
+            seed,
+            stop_ids=stop_token_ids(tokenizer),
+            dtype=_base_record(model_dir).get("dtype", "auto"),
+        )
         return generator, tokenizer
     if use_vllm:
-        print(f"{setting} is set but vLLM is not installed (pip install -r "
-              f"requirements-gpu.txt on a CUDA machine); generating with transformers",
-              file=sys.stderr)
+        print(
+            f"{setting} is set but vLLM is not installed (pip install -r "
+            f"requirements-gpu.txt on a CUDA machine); generating with transformers",
+            file=sys.stderr,
+        )
     import torch
 
     model, tokenizer = load_model_and_tokenizer(model_dir)
     if torch.cuda.is_available():
         model = model.to("cuda")
-    return HFGenerator(model, tokenizer, batch_size, max_new_tokens,
-                       progress=progress, desc=desc), tokenizer
+    return HFGenerator(
+        model, tokenizer, batch_size, max_new_tokens, progress=progress, desc=desc
+    ), tokenizer
 
 
 def _base_record(model_dir) -> dict:
     from sqlrl.modeling import read_base_record
+
     return read_base_record(model_dir) or {}

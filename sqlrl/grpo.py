@@ -11,6 +11,7 @@ never leaves an output that looks complete; checkpoints live outside the DVC out
 `grpo.resume: true` can continue an interrupted run: only a run of the same params, seed,
 prompts and SFT model (a fingerprint is kept with the checkpoints); otherwise it starts fresh.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,9 +31,9 @@ from sqlrl.params import GrpoParams
 from sqlrl.progress import trainer_progress
 
 DVCLIVE_DIR = "dvclive/grpo"
-PROMPTS_PATH = "data/grpo_prompts.jsonl"   # the grpo_prompts stage's output
+PROMPTS_PATH = "data/grpo_prompts.jsonl"  # the grpo_prompts stage's output
 ROW_KEYS = ("prompt", "gold_sql", "db_id", "question", "db_path")  # a GRPO row: prepare writes them
-CHECKPOINT_DIR = "checkpoints/grpo"   # git- and DVC-ignored; survives an interrupted stage
+CHECKPOINT_DIR = "checkpoints/grpo"  # git- and DVC-ignored; survives an interrupted stage
 
 
 @dataclass
@@ -71,11 +72,12 @@ def drop_empty_gold(rows: list[dict], executor, stats: SelectionStats) -> list[d
     return kept
 
 
-def pass_rate_filter(rows: list[dict], rates: list[float], min_rate: float, max_rate: float,
-                     stats: SelectionStats) -> list[dict]:
+def pass_rate_filter(
+    rows: list[dict], rates: list[float], min_rate: float, max_rate: float, stats: SelectionStats
+) -> list[dict]:
     """Rows whose sampled pass rate lies in [min_rate, max_rate]."""
     kept = []
-    for row, rate in zip(rows, rates):
+    for row, rate in zip(rows, rates, strict=False):
         if rate > max_rate:
             stats.dropped_always_solved += 1
         elif rate < min_rate:
@@ -85,8 +87,9 @@ def pass_rate_filter(rows: list[dict], rates: list[float], min_rate: float, max_
     return kept
 
 
-def sampled_pass_rates(rows: list[dict], generator, tokenizer, samples: int,
-                       temperature: float, seed: int, reward_fn) -> list[float]:
+def sampled_pass_rates(
+    rows: list[dict], generator, tokenizer, samples: int, temperature: float, seed: int, reward_fn
+) -> list[float]:
     """Share of `samples` completions per prompt that the execution reward scores 1 (solved;
     partial credit for a query that merely runs does not count)."""
     from sqlrl.prompts import render_prompt
@@ -94,15 +97,16 @@ def sampled_pass_rates(rows: list[dict], generator, tokenizer, samples: int,
     prompts = [render_prompt(tokenizer, row["prompt"]) for row in rows]
     groups = generator.sample(prompts, samples, temperature, seed)
     rates = []
-    for row, group in zip(rows, groups):
+    for row, group in zip(rows, groups, strict=False):
         columns = {k: [v] * len(group) for k, v in row.items() if k != "prompt"}
         rewards = reward_fn(group, **columns)  # the row's columns, as TRL passes them
         rates.append(sum(r == 1.0 for r in rewards) / len(rewards))
     return rates
 
 
-def select_prompts(rows: list[dict], params: GrpoParams, seed: int, executor,
-                   sample_pass_rates=None) -> tuple[list[dict], SelectionStats]:
+def select_prompts(
+    rows: list[dict], params: GrpoParams, seed: int, executor, sample_pass_rates=None
+) -> tuple[list[dict], SelectionStats]:
     """The GRPO training prompts, in a seeded order, and what the filters did.
 
     `sample_pass_rates(rows) -> list[float]` measures the SFT model's pass rates; it is only
@@ -134,8 +138,13 @@ def reward_functions(params: GrpoParams) -> list:
     from sqlrl.spider import load_schemas
 
     schemas = load_schemas(SPIDER_DIR / "tables.json") if params.schema_repair else None
-    return list(make_rewards(ExecLimits(timeout_s=params.reward_timeout_s), schemas=schemas,
-                             executable_credit=params.executable_credit))
+    return list(
+        make_rewards(
+            ExecLimits(timeout_s=params.reward_timeout_s),
+            schemas=schemas,
+            executable_credit=params.executable_credit,
+        )
+    )
 
 
 class StepTimer:
@@ -153,6 +162,7 @@ class StepTimer:
 
     def _timed(self, fn, counter: str):
         """`fn`, adding its wall time to self.<counter> (name and doc kept: TRL logs by name)."""
+
         @functools.wraps(fn)
         def timed(*args, **kwargs):
             start = time.perf_counter()
@@ -160,6 +170,7 @@ class StepTimer:
                 return fn(*args, **kwargs)
             finally:
                 setattr(self, counter, getattr(self, counter) + time.perf_counter() - start)
+
         return timed
 
 
@@ -169,9 +180,11 @@ def use_vllm(params: GrpoParams) -> bool:
     from sqlrl.generate import vllm_available
 
     if params.use_vllm and not vllm_available():
-        print("grpo: grpo.use_vllm is set but vLLM is not installed (pip install -r "
-              "requirements-gpu.txt on a CUDA machine); rolling out with transformers",
-              file=sys.stderr)
+        print(
+            "grpo: grpo.use_vllm is set but vLLM is not installed (pip install -r "
+            "requirements-gpu.txt on a CUDA machine); rolling out with transformers",
+            file=sys.stderr,
+        )
         return False
     return params.use_vllm
 
@@ -182,19 +195,34 @@ def grpo_config(params: GrpoParams, seed: int, output_dir: str, max_steps: int |
     from trl import GRPOConfig
 
     return GRPOConfig(
-        output_dir=output_dir, max_steps=max_steps or params.steps, seed=seed,
-        learning_rate=params.learning_rate, per_device_train_batch_size=params.batch_size,
+        output_dir=output_dir,
+        max_steps=max_steps or params.steps,
+        seed=seed,
+        learning_rate=params.learning_rate,
+        per_device_train_batch_size=params.batch_size,
         gradient_accumulation_steps=params.grad_accum,
-        num_generations=params.num_generations, temperature=params.temperature,
-        max_completion_length=params.max_completion_length, loss_type=params.loss_type,
-        beta=params.beta, epsilon=params.epsilon, epsilon_high=params.epsilon_high,
-        scale_rewards=params.scale_rewards, num_iterations=params.num_iterations,
+        num_generations=params.num_generations,
+        temperature=params.temperature,
+        max_completion_length=params.max_completion_length,
+        loss_type=params.loss_type,
+        beta=params.beta,
+        epsilon=params.epsilon,
+        epsilon_high=params.epsilon_high,
+        scale_rewards=params.scale_rewards,
+        num_iterations=params.num_iterations,
         reward_weights=[params.reward_weights.execution, params.reward_weights.syntax],
-        use_vllm=use_vllm(params), vllm_mode=params.vllm_mode,
-        bf16=resolve_bf16(params.bf16)[0], gradient_checkpointing=params.gradient_checkpointing,
-        logging_steps=params.logging_steps, save_steps=params.save_steps, save_total_limit=2,
-        report_to="none", disable_tqdm=True, remove_unused_columns=False,
-        use_cpu=not _cuda(), dataloader_num_workers=0,
+        use_vllm=use_vllm(params),
+        vllm_mode=params.vllm_mode,
+        bf16=resolve_bf16(params.bf16)[0],
+        gradient_checkpointing=params.gradient_checkpointing,
+        logging_steps=params.logging_steps,
+        save_steps=params.save_steps,
+        save_total_limit=2,
+        report_to="none",
+        disable_tqdm=True,
+        remove_unused_columns=False,
+        use_cpu=not _cuda(),
+        dataloader_num_workers=0,
     )
 
 
@@ -210,8 +238,10 @@ def score_completions_only_on_cpu() -> bool:
     if original is None:
         return False
     if not getattr(original, "completions_only_on_cpu", False):
+
         def compact(device) -> bool:
             return device.type == "cpu" or original(device)
+
         compact.completions_only_on_cpu = True
         trl_utils._use_triton = compact
     return True
@@ -227,25 +257,35 @@ def share_prompt_prefill(model) -> None:
 
     def generate(input_ids=None, attention_mask=None, generation_config=None, **kwargs):
         if input_ids is None or attention_mask is None:
-            return own_generate(input_ids=input_ids, attention_mask=attention_mask,
-                                generation_config=generation_config, **kwargs)
-        return shared_prefix_generate(model, input_ids, attention_mask, generation_config,
-                                      generate=own_generate, **kwargs)
+            return own_generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=generation_config,
+                **kwargs,
+            )
+        return shared_prefix_generate(
+            model, input_ids, attention_mask, generation_config, generate=own_generate, **kwargs
+        )
 
     model.generate = generate
 
 
 def _cuda() -> bool:
     import torch
+
     return torch.cuda.is_available()
 
 
 def lora_config(params: GrpoParams):
     from peft import LoraConfig
 
-    return LoraConfig(r=params.lora.r, lora_alpha=params.lora.alpha,
-                      lora_dropout=params.lora.dropout,
-                      target_modules=list(params.lora.target_modules), task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=params.lora.r,
+        lora_alpha=params.lora.alpha,
+        lora_dropout=params.lora.dropout,
+        target_modules=list(params.lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
 
 
 FINGERPRINT_FILE = "sqlrl_run.json"
@@ -256,8 +296,11 @@ def run_fingerprint(params: GrpoParams, seed: int, sft_dir: str | Path, rows: li
     """A hash of what a GRPO run computes from: its params (not resume, save or logging
     settings), seed, prompts and the SFT model's files."""
     settings = {k: v for k, v in dataclasses.asdict(params).items() if k not in _NOT_FINGERPRINTED}
-    digest = hashlib.sha256(json.dumps({"grpo": settings, "seed": seed, "rows": rows},
-                                       sort_keys=True, default=str).encode())
+    digest = hashlib.sha256(
+        json.dumps(
+            {"grpo": settings, "seed": seed, "rows": rows}, sort_keys=True, default=str
+        ).encode()
+    )
     for path in sorted(p for p in Path(sft_dir).rglob("*") if p.is_file()):
         digest.update(path.relative_to(sft_dir).as_posix().encode())
         with open(path, "rb") as fh:
@@ -275,8 +318,11 @@ def checkpoint_to_resume(checkpoint_dir: str | Path, fingerprint: str) -> str | 
     stored = Path(checkpoint_dir) / FINGERPRINT_FILE
     made_by = json.loads(stored.read_text())["fingerprint"] if stored.is_file() else None
     if made_by != fingerprint:
-        print(f"grpo: not resuming from {last}: it was made with other grpo params, seed, "
-              f"prompts or SFT model; starting fresh", file=sys.stderr)
+        print(
+            f"grpo: not resuming from {last}: it was made with other grpo params, seed, "
+            f"prompts or SFT model; starting fresh",
+            file=sys.stderr,
+        )
         return None
     return last
 
@@ -319,9 +365,17 @@ def summarize_log(history: list[dict], timer: StepTimer, steps: int, wall_s: flo
     }
 
 
-def train_grpo(params: GrpoParams, seed: int, sft_dir: str | Path, rows: list[dict],
-               out_dir: str | Path, reward_funcs: list, checkpoint_dir: str | Path = CHECKPOINT_DIR,
-               dvclive_dir: str | None = DVCLIVE_DIR, torch_threads: int = 0) -> dict:
+def train_grpo(
+    params: GrpoParams,
+    seed: int,
+    sft_dir: str | Path,
+    rows: list[dict],
+    out_dir: str | Path,
+    reward_funcs: list,
+    checkpoint_dir: str | Path = CHECKPOINT_DIR,
+    dvclive_dir: str | None = DVCLIVE_DIR,
+    torch_threads: int = 0,
+) -> dict:
     """Train the LoRA adapter on `rows` (prompt, gold_sql, db_path, ...) and save it to out_dir.
     Every column reaches the reward functions (TRL passes them as keyword arguments)."""
     from datasets import Dataset
@@ -343,21 +397,29 @@ def train_grpo(params: GrpoParams, seed: int, sft_dir: str | Path, rows: list[di
     (Path(checkpoint_dir) / FINGERPRINT_FILE).write_text(json.dumps({"fingerprint": fingerprint}))
     live, callbacks = None, [trainer_progress("grpo")]
     if dvclive_dir:  # optional: the GPU rehearsal runs where dvclive is not installed
-        from dvclive import Live
         from transformers.integrations import DVCLiveCallback
+
+        from dvclive import Live
+
         live = Live(dvclive_dir, dvcyaml=False, save_dvc_exp=False, resume=bool(resume_from))
         callbacks.append(DVCLiveCallback(live=live))
     args = grpo_config(params, seed, str(checkpoint_dir))
     score_completions_only_on_cpu()
     trainer = GRPOTrainer(
-        model=model, reward_funcs=[timer.wrap_reward(f) for f in reward_funcs],
-        args=args, train_dataset=dataset, processing_class=tokenizer,
-        peft_config=lora_config(params), callbacks=callbacks)
+        model=model,
+        reward_funcs=[timer.wrap_reward(f) for f in reward_funcs],
+        args=args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        peft_config=lora_config(params),
+        callbacks=callbacks,
+    )
     if not args.use_vllm:
         share_prompt_prefill(trainer.model)
     if hasattr(trainer, "_generate_and_score_completions"):
         trainer._generate_and_score_completions = timer.wrap_rollout(
-            trainer._generate_and_score_completions)
+            trainer._generate_and_score_completions
+        )
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume_from)
     wall = time.perf_counter() - start
@@ -373,10 +435,18 @@ def train_grpo(params: GrpoParams, seed: int, sft_dir: str | Path, rows: list[di
     metrics = summarize_log(trainer.state.log_history, timer, trainer.state.global_step, wall)
     metrics["resumed_from"] = Path(resume_from).name if resume_from else None
     world = trainer.accelerator.num_processes
-    metrics.update(world_size=world, prompts_per_step=params.prompts_per_step(world),
-                   completions_per_step=params.batch_size * params.grad_accum * world,
-                   use_vllm=bool(args.use_vllm), torch_threads=threads, bf16=bool(args.bf16),
-                   bf16_reason=resolve_bf16(params.bf16)[1])
-    print(f"grpo: reward {metrics['first_mean_reward']} -> {metrics['final_mean_reward']} "
-          f"over {metrics['steps']} steps", file=sys.stderr)
+    metrics.update(
+        world_size=world,
+        prompts_per_step=params.prompts_per_step(world),
+        completions_per_step=params.batch_size * params.grad_accum * world,
+        use_vllm=bool(args.use_vllm),
+        torch_threads=threads,
+        bf16=bool(args.bf16),
+        bf16_reason=resolve_bf16(params.bf16)[1],
+    )
+    print(
+        f"grpo: reward {metrics['first_mean_reward']} -> {metrics['final_mean_reward']} "
+        f"over {metrics['steps']} steps",
+        file=sys.stderr,
+    )
     return metrics

@@ -6,6 +6,7 @@ bf16 `auto` (measured on the default model, SFT forward + backward, 2 threads):
 - so on a CPU, bf16 autocast only with AMX tiles (and oneDNN allowed to use bf16); fp32 elsewhere.
 - on a CUDA GPU, bf16 where the device supports it.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,10 @@ def cpu_runs_bf16_natively() -> tuple[bool, str]:
     if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return False, f"oneDNN has no bf16 kernels here (ATen capability {capability}): emulated"
     if not torch.cpu._is_amx_tile_supported():
-        return False, (f"no AMX (ATen capability {capability}): AVX-512 bf16 autocast was "
-                       f"measured slower than fp32")
+        return False, (
+            f"no AMX (ATen capability {capability}): AVX-512 bf16 autocast was "
+            f"measured slower than fp32"
+        )
     return True, f"AMX bf16 (ATen capability {capability})"
 
 

@@ -1,5 +1,6 @@
 """JSON Lines files, the pipeline's data between stages: read with errors that name the file
 and line, written atomically."""
+
 from __future__ import annotations
 
 import json
@@ -18,8 +19,9 @@ class MissingDataFileError(DataFileError, FileNotFoundError):
     """A data file that is not there (its stage has not run)."""
 
 
-def read_jsonl(path: str | Path, required: Iterable[str] = (), missing_ok: bool = False
-               ) -> list[dict]:
+def read_jsonl(
+    path: str | Path, required: Iterable[str] = (), missing_ok: bool = False
+) -> list[dict]:
     """The rows of a JSONL file (relative paths read against the repo root). Every line must
     be a JSON object holding the `required` keys; otherwise a DataFileError names the file,
     the line and what is wrong (a stage that read it would fail later with a bare KeyError)."""
@@ -36,8 +38,9 @@ def read_jsonl(path: str | Path, required: Iterable[str] = (), missing_ok: bool 
     except UnicodeDecodeError as exc:
         raise DataFileError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
     except FileNotFoundError as exc:
-        raise MissingDataFileError(f"{path}: no such file (run the stage that writes it: dvc repro)"
-                            ) from exc
+        raise MissingDataFileError(
+            f"{path}: no such file (run the stage that writes it: dvc repro)"
+        ) from exc
     return rows
 
 
@@ -50,8 +53,7 @@ def _row(line: str, required: tuple[str, ...], where: str) -> dict:
         raise DataFileError(f"{where}: a JSON {type(row).__name__}, not an object")
     missing = [key for key in required if key not in row]
     if missing:
-        raise DataFileError(f"{where}: no {', '.join(missing)} (a row needs "
-                            f"{', '.join(required)})")
+        raise DataFileError(f"{where}: no {', '.join(missing)} (a row needs {', '.join(required)})")
     return row
 
 

@@ -3,6 +3,7 @@
 The result loads with AutoModelForCausalLM alone (no PEFT, no adapter) and carries the
 tokenizer and its chat template, so serving and publishing need nothing else.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -32,10 +33,16 @@ def merge_adapter(sft_dir: str | Path, adapter_dir: str | Path, out_dir: str | P
     if settings.is_file():
         shutil.copy2(settings, tmp / PROMPT_SETTINGS_FILE)
     else:
-        print(f"merge: {settings} is missing, so models/final will not serve without every "
-              f"prompt setting given as a flag (rerun `dvc repro sft`)", file=sys.stderr)
+        print(
+            f"merge: {settings} is missing, so models/final will not serve without every "
+            f"prompt setting given as a flag (rerun `dvc repro sft`)",
+            file=sys.stderr,
+        )
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)  # a half-written model never sits at out_dir
-    return {"sft": str(sft_dir), "adapter": str(adapter_dir),
-            "parameters": sum(p.numel() for p in merged.parameters()),
-            "dtype": str(merged.dtype).removeprefix("torch.")}  # the SFT model's (bf16 for Qwen)
+    return {
+        "sft": str(sft_dir),
+        "adapter": str(adapter_dir),
+        "parameters": sum(p.numel() for p in merged.parameters()),
+        "dtype": str(merged.dtype).removeprefix("torch."),
+    }  # the SFT model's (bf16 for Qwen)

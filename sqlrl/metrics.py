@@ -1,4 +1,5 @@
 """Metrics files: small, stable JSON that git tracks and `dvc metrics diff` compares."""
+
 from __future__ import annotations
 
 import json

@@ -13,12 +13,13 @@
 
 `load_model_and_tokenizer(models/base)` loads either kind for the later stages.
 """
+
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from sqlrl.errors import PipelineError
 from sqlrl.params import ArchitectureParams, BaseParams
@@ -27,8 +28,10 @@ BASE_RECORD = "base.json"
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
 # Qwen2's pre-tokenizer split (transformers' Qwen2Tokenizer uses the same expression).
-QWEN2_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"""
-                           r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"""
+    r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
 # ChatML like Qwen2.5's template (system default, then <|im_start|>role\ncontent<|im_end|>\n).
 CHATML_TEMPLATE = (
     "{%- if not messages or messages[0]['role'] != 'system' %}"
@@ -47,12 +50,16 @@ class BaseModelError(PipelineError, RuntimeError):
 
 # --------------------------------------------------------------------------- tokenizer
 
+
 def qwen2_pre_tokenizer():
     from tokenizers import Regex, pre_tokenizers
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int):
@@ -68,9 +75,12 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int):
     tokenizer.pre_tokenizer = qwen2_pre_tokenizer()
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=2, show_progress=False,
+        vocab_size=vocab_size,
+        min_frequency=2,
+        show_progress=False,
         special_tokens=[AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tokenizer.train_from_iterator(texts, trainer=trainer)
     return tokenizer
 
@@ -81,10 +91,15 @@ def to_transformers_tokenizer(tokenizer):
 
     state = json.loads(tokenizer.to_str())["model"]
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in state["merges"]]
-    hf = Qwen2Tokenizer(vocab=state["vocab"], merges=merges, unk_token=None,
-                        eos_token=IM_END, pad_token=ENDOFTEXT,
-                        additional_special_tokens=[IM_START, IM_END],
-                        model_max_length=32768)
+    hf = Qwen2Tokenizer(
+        vocab=state["vocab"],
+        merges=merges,
+        unk_token=None,
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        additional_special_tokens=[IM_START, IM_END],
+        model_max_length=32768,
+    )
     hf.chat_template = CHATML_TEMPLATE
     return hf
 
@@ -100,23 +115,31 @@ def training_texts(sft_jsonl: str | Path) -> Iterator[str]:
 
 # --------------------------------------------------------------------------- model
 
+
 def qwen2_config(arch: ArchitectureParams, tokenizer, dtype: str = "float32"):
     from transformers import Qwen2Config
 
     if arch.hidden_size % arch.num_attention_heads:
         raise ValueError("base.architecture.hidden_size must be a multiple of num_attention_heads")
     if arch.num_attention_heads % arch.num_key_value_heads:
-        raise ValueError("base.architecture.num_attention_heads must be a multiple of "
-                         "num_key_value_heads")
+        raise ValueError(
+            "base.architecture.num_attention_heads must be a multiple of num_key_value_heads"
+        )
     return Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=arch.hidden_size,
-        intermediate_size=arch.intermediate_size, num_hidden_layers=arch.num_hidden_layers,
-        num_attention_heads=arch.num_attention_heads, num_key_value_heads=arch.num_key_value_heads,
-        max_position_embeddings=arch.max_position_embeddings, tie_word_embeddings=True,
+        vocab_size=len(tokenizer),
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size,
+        num_hidden_layers=arch.num_hidden_layers,
+        num_attention_heads=arch.num_attention_heads,
+        num_key_value_heads=arch.num_key_value_heads,
+        max_position_embeddings=arch.max_position_embeddings,
+        tie_word_embeddings=True,
         bos_token_id=tokenizer.convert_tokens_to_ids(ENDOFTEXT),
         eos_token_id=tokenizer.convert_tokens_to_ids(IM_END),
         pad_token_id=tokenizer.convert_tokens_to_ids(ENDOFTEXT),
-        use_cache=True, dtype=dtype)
+        use_cache=True,
+        dtype=dtype,
+    )
 
 
 def build_scratch_model(arch: ArchitectureParams, tokenizer, seed: int, dtype: str = "float32"):
@@ -128,8 +151,11 @@ def build_scratch_model(arch: ArchitectureParams, tokenizer, seed: int, dtype: s
     config = qwen2_config(arch, tokenizer, dtype)
     model = Qwen2ForCausalLM(config).to(getattr(torch, dtype))
     model.generation_config = GenerationConfig(
-        bos_token_id=config.bos_token_id, eos_token_id=[config.eos_token_id, config.bos_token_id],
-        pad_token_id=config.pad_token_id, do_sample=False)
+        bos_token_id=config.bos_token_id,
+        eos_token_id=[config.eos_token_id, config.bos_token_id],
+        pad_token_id=config.pad_token_id,
+        do_sample=False,
+    )
     return model
 
 
@@ -137,39 +163,52 @@ def n_parameters(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def build_scratch(params: BaseParams, seed: int, sft_jsonl: str | Path, out_dir: str | Path) -> dict:
+def build_scratch(
+    params: BaseParams, seed: int, sft_jsonl: str | Path, out_dir: str | Path
+) -> dict:
     """Train the tokenizer, build the model, save both into out_dir; return metrics."""
     out_dir = Path(out_dir)
     arch = params.architecture
     if params.tokenizer == "qwen2.5":  # the reference model's own (the GPU path rehearsed)
         from sqlrl.qwen_tokenizer import build_qwen25_tokenizer
+
         tokenizer = build_qwen25_tokenizer()
     else:
-        tokenizer = to_transformers_tokenizer(train_tokenizer(training_texts(sft_jsonl),
-                                                              arch.vocab_size))
+        tokenizer = to_transformers_tokenizer(
+            train_tokenizer(training_texts(sft_jsonl), arch.vocab_size)
+        )
     model = build_scratch_model(arch, tokenizer, seed, params.dtype)
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     n = n_parameters(model)
     embed = model.get_input_embeddings().weight.numel()
-    record = {"source": "scratch", "model_type": "qwen2", "dtype": params.dtype,
-              "tokenizer": params.tokenizer,
-              "n_params": n, "n_params_non_embedding": n - embed, "vocab_size": len(tokenizer)}
+    record = {
+        "source": "scratch",
+        "model_type": "qwen2",
+        "dtype": params.dtype,
+        "tokenizer": params.tokenizer,
+        "n_params": n,
+        "n_params_non_embedding": n - embed,
+        "vocab_size": len(tokenizer),
+    }
     (out_dir / BASE_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
     return record
 
 
 # --------------------------------------------------------------------------- hub
 
+
 def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
 
 
 def _hub_help(model_id: str, revision: str) -> str:
-    return (f"download it once with network access: `HF_HUB_OFFLINE=0 hf download {model_id} "
-            f"--revision {revision}` (it goes to the Hugging Face cache, HF_HOME), or set "
-            f"base.model_id to a local folder holding the model")
+    return (
+        f"download it once with network access: `HF_HUB_OFFLINE=0 hf download {model_id} "
+        f"--revision {revision}` (it goes to the Hugging Face cache, HF_HOME), or set "
+        f"base.model_id to a local folder holding the model"
+    )
 
 
 def resolve_hub_model(model_id: str, revision: str) -> tuple[str, str | None]:
@@ -179,24 +218,39 @@ def resolve_hub_model(model_id: str, revision: str) -> tuple[str, str | None]:
     if not revision:
         raise BaseModelError(f"base.revision is empty for {model_id!r}: pin a commit hash")
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    from huggingface_hub.errors import (
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
     try:
-        path = snapshot_download(model_id, revision=revision, local_files_only=_offline(),
-                                 allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model",
-                                                 "*.jinja", "*.py"])
+        path = snapshot_download(
+            model_id,
+            revision=revision,
+            local_files_only=_offline(),
+            allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.py"],
+        )
     except LocalEntryNotFoundError as exc:
-        why = ("HF_HUB_OFFLINE=1 and it is not in the local Hugging Face cache" if _offline()
-               else "the hub is unreachable and it is not in the local Hugging Face cache")
-        raise BaseModelError(f"{model_id}@{revision}: {why}; {_hub_help(model_id, revision)}") \
-            from exc
+        why = (
+            "HF_HUB_OFFLINE=1 and it is not in the local Hugging Face cache"
+            if _offline()
+            else "the hub is unreachable and it is not in the local Hugging Face cache"
+        )
+        raise BaseModelError(
+            f"{model_id}@{revision}: {why}; {_hub_help(model_id, revision)}"
+        ) from exc
     except (RepositoryNotFoundError, RevisionNotFoundError) as exc:
-        raise BaseModelError(f"{model_id}@{revision}: no such repository or revision on the "
-                             f"hub ({type(exc).__name__}); check base.model_id and "
-                             f"base.revision") from exc
+        raise BaseModelError(
+            f"{model_id}@{revision}: no such repository or revision on the "
+            f"hub ({type(exc).__name__}); check base.model_id and "
+            f"base.revision"
+        ) from exc
     except OSError as exc:  # connection errors
-        raise BaseModelError(f"{model_id}@{revision}: the hub is unreachable ({exc}); "
-                             f"{_hub_help(model_id, revision)}") from exc
+        raise BaseModelError(
+            f"{model_id}@{revision}: the hub is unreachable ({exc}); "
+            f"{_hub_help(model_id, revision)}"
+        ) from exc
     return path, Path(path).name
 
 
@@ -207,11 +261,15 @@ def record_hub(params: BaseParams, out_dir: str | Path) -> dict:
 
     path, resolved = resolve_hub_model(params.model_id, params.revision)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, params.dtype))
-    record = {"source": "hub", "repo_id": params.model_id,
-              "revision": resolved or params.revision or None,
-              "local_folder": resolved is None,
-              "dtype": params.dtype, "n_params": n_parameters(model),
-              "model_type": model.config.model_type}
+    record = {
+        "source": "hub",
+        "repo_id": params.model_id,
+        "revision": resolved or params.revision or None,
+        "local_folder": resolved is None,
+        "dtype": params.dtype,
+        "n_params": n_parameters(model),
+        "model_type": model.config.model_type,
+    }
     if record["local_folder"]:
         record["repo_id"] = str(Path(params.model_id).resolve())
     out_dir = Path(out_dir)
@@ -224,6 +282,7 @@ def build_base(params: BaseParams, seed: int, sft_jsonl: str | Path, out_dir: st
     out_dir = Path(out_dir)
     if out_dir.exists():
         import shutil
+
         shutil.rmtree(out_dir)
     if params.source == "scratch":
         return build_scratch(params, seed, sft_jsonl, out_dir)
@@ -231,6 +290,7 @@ def build_base(params: BaseParams, seed: int, sft_jsonl: str | Path, out_dir: st
 
 
 # --------------------------------------------------------------------------- loading
+
 
 def read_base_record(model_dir: str | Path) -> dict | None:
     path = Path(model_dir) / BASE_RECORD
@@ -249,6 +309,7 @@ def model_location(model_dir: str | Path) -> tuple[str, str | None]:
 
 def load_tokenizer(model_dir: str | Path):
     from transformers import AutoTokenizer
+
     path, _ = model_location(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(path)
     if tokenizer.pad_token is None:
@@ -275,8 +336,9 @@ def compute_dtype(model_dir: str | Path) -> str:
     return saved_dtype(model_dir) if torch.cuda.is_available() else "float32"
 
 
-def load_model_and_tokenizer(model_dir: str | Path, dtype: str | None = None,
-                             attn_implementation: str | None = None):
+def load_model_and_tokenizer(
+    model_dir: str | Path, dtype: str | None = None, attn_implementation: str | None = None
+):
     """Load models/base (either kind), models/sft or any save_pretrained folder, in `dtype`
     or compute_dtype(model_dir)."""
     import torch

@@ -5,6 +5,7 @@ Every stage reads its section through these dataclasses, so a typo or a missing 
 load time with the key's full name, not deep inside a training loop.
 The values live only in conf/; these classes hold names and types, not defaults.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -38,27 +39,29 @@ def _check_bf16(name: str, value: bool | str) -> None:
 @dataclass(frozen=True)
 class AugmentParams:
     """Schema-grounding augmentation of sft.jsonl (sqlrl/augment.py); copies: 0 = off."""
-    copies: float              # augmented copies per training example, added to sft.jsonl; a
-                               # fraction copies that share of the examples (0.5: a seeded half)
-    shuffle_schema: bool       # tables and columns in a random order in the copies
-    rename_prob: float         # per-name probability of a consistent rename in the copies
+
+    copies: float  # augmented copies per training example, added to sft.jsonl; a
+    # fraction copies that share of the examples (0.5: a seeded half)
+    shuffle_schema: bool  # tables and columns in a random order in the copies
+    rename_prob: float  # per-name probability of a consistent rename in the copies
 
     def __post_init__(self):
         if self.copies < 0:
             raise ParamsError("prepare.augment.copies must be >= 0")
         if not 0.0 <= self.rename_prob <= 1.0:
-            raise ParamsError(f"prepare.augment.rename_prob must be in [0, 1], "
-                              f"got {self.rename_prob}")
+            raise ParamsError(
+                f"prepare.augment.rename_prob must be in [0, 1], got {self.rename_prob}"
+            )
 
 
 @dataclass(frozen=True)
 class PrepareParams:
-    schema_format: str         # "compact" (table | col, col | ...) or "ddl" (CREATE TABLE)
-    sample_rows: int           # DDL only: N example rows per table, read from the database
+    schema_format: str  # "compact" (table | col, col | ...) or "ddl" (CREATE TABLE)
+    sample_rows: int  # DDL only: N example rows per table, read from the database
     include_train_others: bool  # also train on train_others.json (Spider's extra 1659)
-    heldout_fraction: float    # share of each training database's questions kept for heldout
-    max_train_examples: int    # 0 = all; the smoke profile uses a few dozen
-    max_dev_examples: int      # 0 = all
+    heldout_fraction: float  # share of each training database's questions kept for heldout
+    max_train_examples: int  # 0 = all; the smoke profile uses a few dozen
+    max_dev_examples: int  # 0 = all
     system_prompt: str
     augment: AugmentParams
     mark_schema_mentions: bool  # append the schema names the question mentions (all splits)
@@ -68,13 +71,14 @@ class PrepareParams:
 
     def __post_init__(self):
         if self.schema_format not in SCHEMA_FORMATS:
-            raise ParamsError(f"prepare.schema_format must be one of {SCHEMA_FORMATS}, "
-                              f"got {self.schema_format!r}")
+            raise ParamsError(
+                f"prepare.schema_format must be one of {SCHEMA_FORMATS}, got {self.schema_format!r}"
+            )
         if not 0.0 <= self.heldout_fraction < 1.0:
-            raise ParamsError(f"prepare.heldout_fraction must be in [0, 1), "
-                              f"got {self.heldout_fraction}")
-        for name in ("sample_rows", "max_train_examples", "max_dev_examples",
-                     "max_prompt_tokens"):
+            raise ParamsError(
+                f"prepare.heldout_fraction must be in [0, 1), got {self.heldout_fraction}"
+            )
+        for name in ("sample_rows", "max_train_examples", "max_dev_examples", "max_prompt_tokens"):
             if getattr(self, name) < 0:
                 raise ParamsError(f"prepare.{name} must be >= 0")
 
@@ -82,6 +86,7 @@ class PrepareParams:
 @dataclass(frozen=True)
 class ArchitectureParams:
     """A Qwen2 configuration for a model built from scratch (CPU profile)."""
+
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
@@ -93,11 +98,11 @@ class ArchitectureParams:
 
 @dataclass(frozen=True)
 class BaseParams:
-    source: str                # "hub" (pretrained, pinned) or "scratch" (built from params)
-    model_id: str              # hub repo id or a local folder standing in for one
-    revision: str              # pinned commit of the hub repo
-    dtype: str                 # "float32" | "bfloat16": the dtype every model folder is saved in
-    tokenizer: str             # scratch only: "trained" (BPE on the training text) | "qwen2.5"
+    source: str  # "hub" (pretrained, pinned) or "scratch" (built from params)
+    model_id: str  # hub repo id or a local folder standing in for one
+    revision: str  # pinned commit of the hub repo
+    dtype: str  # "float32" | "bfloat16": the dtype every model folder is saved in
+    tokenizer: str  # scratch only: "trained" (BPE on the training text) | "qwen2.5"
     architecture: ArchitectureParams
 
     def __post_init__(self):
@@ -106,8 +111,7 @@ class BaseParams:
         if self.dtype not in DTYPES:
             raise ParamsError(f"base.dtype must be one of {DTYPES}, got {self.dtype!r}")
         if self.tokenizer not in TOKENIZERS:
-            raise ParamsError(f"base.tokenizer must be one of {TOKENIZERS}, "
-                              f"got {self.tokenizer!r}")
+            raise ParamsError(f"base.tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
 
 
 @dataclass(frozen=True)
@@ -120,20 +124,20 @@ class LoraParams:
 
 @dataclass(frozen=True)
 class SftParams:
-    use_lora: bool             # False: fine-tune all weights (random init does not learn LoRA)
+    use_lora: bool  # False: fine-tune all weights (random init does not learn LoRA)
     lora: LoraParams
     epochs: float
     learning_rate: float
     batch_size: int
     grad_accum: int
     max_length: int
-    bf16: bool | str           # true | false | auto (sqlrl/hardware.py: bf16 where it is fast)
+    bf16: bool | str  # true | false | auto (sqlrl/hardware.py: bf16 where it is fast)
     gradient_checkpointing: bool
-    lr_scheduler: str          # transformers scheduler name: cosine, linear, constant, ...
-    warmup_ratio: float        # share of the steps spent warming up the learning rate
+    lr_scheduler: str  # transformers scheduler name: cosine, linear, constant, ...
+    warmup_ratio: float  # share of the steps spent warming up the learning rate
     weight_decay: float
-    group_by_length: bool      # batches of similar length (less padding: faster on a CPU)
-    attn_implementation: str   # "sdpa" | "eager" | "flash_attention_2"
+    group_by_length: bool  # batches of similar length (less padding: faster on a CPU)
+    attn_implementation: str  # "sdpa" | "eager" | "flash_attention_2"
     logging_steps: int
     completion_only_loss: bool  # False: the prompt tokens are trained on too (schema + question)
     # with completion_only_loss false: a prompt token's loss weight relative to a completion
@@ -145,69 +149,76 @@ class SftParams:
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise ParamsError(f"sft.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if not 0.0 < self.prompt_loss_weight <= 1.0:
-            raise ParamsError("sft.prompt_loss_weight must be in (0, 1] (use "
-                              "completion_only_loss: true for no prompt loss), got "
-                              f"{self.prompt_loss_weight}")
+            raise ParamsError(
+                "sft.prompt_loss_weight must be in (0, 1] (use "
+                "completion_only_loss: true for no prompt loss), got "
+                f"{self.prompt_loss_weight}"
+            )
 
 
 @dataclass(frozen=True)
 class RewardWeights:
     """Weights of the GRPO reward functions (sqlrl/rewards.py); 0 leaves a reward out."""
-    execution: float           # 1.0 when the result equals the gold result
-    syntax: float              # small bonus for SQL that parses and executes
+
+    execution: float  # 1.0 when the result equals the gold result
+    syntax: float  # small bonus for SQL that parses and executes
 
 
 @dataclass(frozen=True)
 class PassRateFilter:
     """Keep prompts the SFT model solves sometimes but not always (groups that carry signal)."""
-    pool: int                  # prompts to sample with the SFT model; 0 = filter off
-    samples: int               # completions per prompt
-    min_rate: float            # keep prompts whose pass rate is in [min_rate, max_rate]
+
+    pool: int  # prompts to sample with the SFT model; 0 = filter off
+    samples: int  # completions per prompt
+    min_rate: float  # keep prompts whose pass rate is in [min_rate, max_rate]
     max_rate: float
 
 
 @dataclass(frozen=True)
 class GrpoParams:
-    steps: int                 # optimizer steps
+    steps: int  # optimizer steps
     learning_rate: float
-    batch_size: int            # completions per forward/backward pass (per device)
-    grad_accum: int            # passes per optimizer step (and per generation round)
-    num_generations: int       # group size
+    batch_size: int  # completions per forward/backward pass (per device)
+    grad_accum: int  # passes per optimizer step (and per generation round)
+    num_generations: int  # group size
     temperature: float
     max_completion_length: int
-    loss_type: str             # grpo | dapo | dr_grpo | bnpo | ...
-    beta: float                # KL weight (0: no reference model)
+    loss_type: str  # grpo | dapo | dr_grpo | bnpo | ...
+    beta: float  # KL weight (0: no reference model)
     epsilon: float
     epsilon_high: float
-    scale_rewards: str         # group | batch | none
+    scale_rewards: str  # group | batch | none
     num_iterations: int
     reward_weights: RewardWeights
-    reward_timeout_s: float    # wall-time limit per executed query
-    executable_credit: float   # reward of a query that runs but is wrong (Arctic-Text2SQL-R1: 0.1)
-    schema_repair: bool        # reward the schema-repaired SQL (as eval.schema_repair scores it)
-    drop_empty_gold: bool      # drop prompts whose gold result is empty (or only 0/NULL)
+    reward_timeout_s: float  # wall-time limit per executed query
+    executable_credit: float  # reward of a query that runs but is wrong (Arctic-Text2SQL-R1: 0.1)
+    schema_repair: bool  # reward the schema-repaired SQL (as eval.schema_repair scores it)
+    drop_empty_gold: bool  # drop prompts whose gold result is empty (or only 0/NULL)
     pass_rate_filter: PassRateFilter
     lora: LoraParams
     use_vllm: bool
-    vllm_mode: str             # colocate | server
-    bf16: bool | str           # true | false | auto (sqlrl/hardware.py: bf16 where it is fast)
+    vllm_mode: str  # colocate | server
+    bf16: bool | str  # true | false | auto (sqlrl/hardware.py: bf16 where it is fast)
     gradient_checkpointing: bool
     logging_steps: int
-    save_steps: int            # checkpoint every N steps (resume)
-    resume: bool               # continue from the last checkpoint of an interrupted run
+    save_steps: int  # checkpoint every N steps (resume)
+    resume: bool  # continue from the last checkpoint of an interrupted run
 
     def __post_init__(self):
         _check_bf16("grpo.bf16", self.bf16)
         if self.batch_size % self.num_generations:
-            raise ParamsError(f"grpo.batch_size ({self.batch_size}) must be a multiple of "
-                              f"grpo.num_generations ({self.num_generations})")
+            raise ParamsError(
+                f"grpo.batch_size ({self.batch_size}) must be a multiple of "
+                f"grpo.num_generations ({self.num_generations})"
+            )
         if self.scale_rewards not in ("group", "batch", "none"):
-            raise ParamsError(f"grpo.scale_rewards must be group, batch or none")
+            raise ParamsError("grpo.scale_rewards must be group, batch or none")
         if self.grad_accum < 1:
             raise ParamsError(f"grpo.grad_accum must be >= 1, got {self.grad_accum}")
         if not 0.0 <= self.executable_credit < 1.0:
-            raise ParamsError(f"grpo.executable_credit must be in [0, 1), "
-                              f"got {self.executable_credit}")
+            raise ParamsError(
+                f"grpo.executable_credit must be in [0, 1), got {self.executable_credit}"
+            )
 
     def prompts_per_step(self, world_size: int = 1) -> int:
         """Distinct questions in one optimizer step: TRL's batch sizes are per device."""
@@ -218,25 +229,27 @@ class GrpoParams:
 class EvalParams:
     batch_size: int
     max_new_tokens: int
-    use_vllm: bool             # vLLM where it is installed; transformers otherwise
-    num_samples: int           # 1 = greedy; N > 1 = self-consistency (sample N, vote by result)
-    temperature: float         # sampling temperature, used only when num_samples > 1
-    schema_repair: bool        # map unknown table/column names onto the schema (schema_repair.py)
+    use_vllm: bool  # vLLM where it is installed; transformers otherwise
+    num_samples: int  # 1 = greedy; N > 1 = self-consistency (sample N, vote by result)
+    temperature: float  # sampling temperature, used only when num_samples > 1
+    schema_repair: bool  # map unknown table/column names onto the schema (schema_repair.py)
 
     def __post_init__(self):
         if self.batch_size < 1 or self.max_new_tokens < 1 or self.num_samples < 1:
-            raise ParamsError("eval.batch_size, eval.max_new_tokens and eval.num_samples "
-                              "must be >= 1")
+            raise ParamsError(
+                "eval.batch_size, eval.max_new_tokens and eval.num_samples must be >= 1"
+            )
         if self.num_samples > 1 and self.temperature <= 0.0:
-            raise ParamsError(f"eval.temperature must be > 0 when eval.num_samples > 1, "
-                              f"got {self.temperature}")
+            raise ParamsError(
+                f"eval.temperature must be > 0 when eval.num_samples > 1, got {self.temperature}"
+            )
 
 
 @dataclass(frozen=True)
 class Params:
     seed: int
     profile: str
-    torch_threads: int         # CPU threads for torch in every stage; 0 = the usable cores
+    torch_threads: int  # CPU threads for torch in every stage; 0 = the usable cores
     prepare: PrepareParams
     base: BaseParams
     sft: SftParams
@@ -300,8 +313,9 @@ def load_params(path: str | Path = PARAMS_FILE) -> Params:
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise ParamsError(f"{path}: not found (run from the repo root, or compose it with "
-                          f"`dvc exp run`)") from None
+        raise ParamsError(
+            f"{path}: not found (run from the repo root, or compose it with `dvc exp run`)"
+        ) from None
     except yaml.YAMLError as exc:
         raise ParamsError(f"{path}: not valid YAML: {exc}") from None
     try:

@@ -1,12 +1,13 @@
 """Where things live. Every path the pipeline writes down is relative to the repo root."""
+
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SPIDER_REL = "data/raw/spider"     # the Spider release layout, from `dvc pull`
-PREPARED_REL = "data/prepared"     # what the prepare stage writes
+SPIDER_REL = "data/raw/spider"  # the Spider release layout, from `dvc pull`
+PREPARED_REL = "data/prepared"  # what the prepare stage writes
 SPIDER_DIR = REPO_ROOT / SPIDER_REL
 
 

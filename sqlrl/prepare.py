@@ -9,6 +9,7 @@ Training examples whose database file is absent are skipped and counted (their S
 executed for the reward). Dev examples keep their row with db_present=false, so evaluation
 reports them as skipped instead of losing them.
 """
+
 from __future__ import annotations
 
 import random
@@ -22,8 +23,14 @@ from sqlrl.jsonio import write_jsonl
 from sqlrl.params import ParamsError, PrepareParams
 from sqlrl.paths import PREPARED_REL, REPO_ROOT, SPIDER_REL, relative_to_root
 from sqlrl.prompts import build_messages, completion_message, serialize_schema
-from sqlrl.spider import (Example, Schema, SpiderDataError, database_path, load_examples,
-                          load_schemas)
+from sqlrl.spider import (
+    Example,
+    Schema,
+    SpiderDataError,
+    database_path,
+    load_examples,
+    load_schemas,
+)
 
 
 @dataclass
@@ -34,20 +41,20 @@ class PromptFactory:
     (down to none), decided per database so training, evaluation and serving agree; the
     question gets QUESTION_TOKENS of the budget. `sample_rows_used` records the reductions.
     """
+
     params: PrepareParams
     schemas: dict[str, Schema]
     spider_dir: Path
 
     def __post_init__(self):
         self._schema_text: dict[str, str] = {}
-        self.sample_rows_used: dict[str, int] = {}   # db_id -> rows, where fewer than asked
+        self.sample_rows_used: dict[str, int] = {}  # db_id -> rows, where fewer than asked
 
     def messages(self, example: Example) -> list[dict]:
         question = example.question
         if self.params.mark_schema_mentions:
             question = mark_question(question, self.schemas[example.db_id])
-        return build_messages(self.schema_text(example.db_id), question,
-                              self.params.system_prompt)
+        return build_messages(self.schema_text(example.db_id), question, self.params.system_prompt)
 
     def schema_text(self, db_id: str) -> str:
         if db_id not in self._schema_text:
@@ -60,8 +67,11 @@ class PromptFactory:
         rows = p.sample_rows if p.schema_format == "ddl" else 0
         while True:
             text = serialize_schema(schema, p.schema_format, db_path, rows)
-            if rows == 0 or p.max_prompt_tokens == 0 or \
-                    prompt_tokens(text, p.system_prompt) + QUESTION_TOKENS <= p.max_prompt_tokens:
+            if (
+                rows == 0
+                or p.max_prompt_tokens == 0
+                or prompt_tokens(text, p.system_prompt) + QUESTION_TOKENS <= p.max_prompt_tokens
+            ):
                 break
             rows -= 1
         if rows < p.sample_rows and p.schema_format == "ddl":
@@ -78,8 +88,11 @@ def prompt_tokens(schema_text: str, system_prompt: str, question: str = "") -> i
     from sqlrl.qwen_tokenizer import build_qwen25_tokenizer
 
     messages = build_messages(schema_text, question or "?", system_prompt)
-    return len(build_qwen25_tokenizer().apply_chat_template(
-        messages, tokenize=True, add_generation_prompt=True, return_dict=True)["input_ids"])
+    return len(
+        build_qwen25_tokenizer().apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=True, return_dict=True
+        )["input_ids"]
+    )
 
 
 def query_key(sql: str) -> str:
@@ -123,8 +136,11 @@ def split_heldout(examples: list[Example], fraction: float, seed: int):
     train = [ex for i, ex in enumerate(examples) if i not in held]
     heldout = [ex for i, ex in enumerate(examples) if i in held]
     n_groups = sum(len(by_query) for by_query in groups.values())
-    return train, heldout, {"groups_train": n_groups - n_held_groups,
-                            "groups_heldout": n_held_groups}
+    return (
+        train,
+        heldout,
+        {"groups_train": n_groups - n_held_groups, "groups_heldout": n_held_groups},
+    )
 
 
 def _limit(items: list, n: int) -> list:
@@ -135,9 +151,13 @@ def _length_stats(texts: list[str]) -> dict:
     if not texts:
         return {"n": 0}
     chars = sorted(len(t) for t in texts)
-    return {"n": len(chars), "mean_chars": round(statistics.fmean(chars), 1),
-            "p50_chars": chars[len(chars) // 2], "p95_chars": chars[int(0.95 * (len(chars) - 1))],
-            "max_chars": chars[-1]}
+    return {
+        "n": len(chars),
+        "mean_chars": round(statistics.fmean(chars), 1),
+        "p50_chars": chars[len(chars) // 2],
+        "p95_chars": chars[int(0.95 * (len(chars) - 1))],
+        "max_chars": chars[-1],
+    }
 
 
 def _token_stats(sft_rows: list[dict]) -> dict:
@@ -146,22 +166,36 @@ def _token_stats(sft_rows: list[dict]) -> dict:
     from sqlrl.qwen_tokenizer import build_qwen25_tokenizer
 
     tokenizer = build_qwen25_tokenizer()
-    lengths = sorted(len(tokenizer.apply_chat_template(
-        r["prompt"] + r["completion"], tokenize=True, return_dict=True)["input_ids"])
-        for r in sft_rows)
+    lengths = sorted(
+        len(
+            tokenizer.apply_chat_template(
+                r["prompt"] + r["completion"], tokenize=True, return_dict=True
+            )["input_ids"]
+        )
+        for r in sft_rows
+    )
     if not lengths:
         return {"n": 0}
-    return {"n": len(lengths), "p50": lengths[len(lengths) // 2],
-            "p95": lengths[int(0.95 * (len(lengths) - 1))], "max": lengths[-1]}
+    return {
+        "n": len(lengths),
+        "p50": lengths[len(lengths) // 2],
+        "p95": lengths[int(0.95 * (len(lengths) - 1))],
+        "max": lengths[-1],
+    }
 
 
 def _eval_row(example: Example, prompts: PromptFactory, root: Path) -> dict:
     """An evaluation row; no prompt when the database is absent (it is scored as skipped)."""
     db_path = database_path(prompts.spider_dir, example.db_id)
     present = db_path.is_file()
-    return {"question": example.question, "gold": example.query, "db_id": example.db_id,
-            "db_path": relative_to_root(db_path, root), "db_present": present,
-            "prompt": prompts.messages(example) if present else None}
+    return {
+        "question": example.question,
+        "gold": example.query,
+        "db_id": example.db_id,
+        "db_path": relative_to_root(db_path, root),
+        "db_present": present,
+        "prompt": prompts.messages(example) if present else None,
+    }
 
 
 def prepare(params: PrepareParams, seed: int, root: Path = REPO_ROOT) -> dict:
@@ -169,13 +203,14 @@ def prepare(params: PrepareParams, seed: int, root: Path = REPO_ROOT) -> dict:
     spider_dir = root / SPIDER_REL
     out_dir = root / PREPARED_REL
     if not spider_dir.is_dir():
-        raise SpiderDataError(f"{spider_dir}: Spider is not there (run `dvc pull`, or put "
-                              f"a Spider release there)")
+        raise SpiderDataError(
+            f"{spider_dir}: Spider is not there (run `dvc pull`, or put a Spider release there)"
+        )
     schemas = load_schemas(spider_dir / "tables.json")
-    train_files = ["train_spider.json"] + (["train_others.json"]
-                                           if params.include_train_others else [])
-    train_all = [ex for name in train_files
-                 for ex in load_examples(spider_dir / name, schemas)]
+    train_files = ["train_spider.json"] + (
+        ["train_others.json"] if params.include_train_others else []
+    )
+    train_all = [ex for name in train_files for ex in load_examples(spider_dir / name, schemas)]
     dev = load_examples(spider_dir / "dev.json", schemas)
 
     present = {db_id: database_path(spider_dir, db_id).is_file() for db_id in schemas}
@@ -190,11 +225,18 @@ def prepare(params: PrepareParams, seed: int, root: Path = REPO_ROOT) -> dict:
     sft_rows, grpo_rows = [], []
     for ex in train:
         messages = prompts.messages(ex)
-        sft_rows.append({"prompt": messages, "completion": completion_message(ex.query),
-                         "db_id": ex.db_id})
-        grpo_rows.append({"prompt": messages, "gold_sql": ex.query, "db_id": ex.db_id,
-                          "question": ex.question,
-                          "db_path": relative_to_root(database_path(spider_dir, ex.db_id), root)})
+        sft_rows.append(
+            {"prompt": messages, "completion": completion_message(ex.query), "db_id": ex.db_id}
+        )
+        grpo_rows.append(
+            {
+                "prompt": messages,
+                "gold_sql": ex.query,
+                "db_id": ex.db_id,
+                "question": ex.question,
+                "db_path": relative_to_root(database_path(spider_dir, ex.db_id), root),
+            }
+        )
     augment_stats = augment_rows(sft_rows, train, schemas, params, seed)
     dev_rows = [_eval_row(ex, prompts, root) for ex in dev]
     heldout_rows = [_eval_row(ex, prompts, root) for ex in heldout]
@@ -206,12 +248,21 @@ def prepare(params: PrepareParams, seed: int, root: Path = REPO_ROOT) -> dict:
 
     dev_absent = sum(not r["db_present"] for r in dev_rows)
     return {
-        "train": {"examples": len(train_all), "skipped_db_absent": len(train_all) - len(train_present),
-                  "absent_databases": absent_train_dbs, "sft": len(sft_rows),
-                  "grpo": len(grpo_rows), "heldout": len(heldout_rows),
-                  "heldout_split": "query", **split_stats},
-        "dev": {"examples": len(dev_rows), "skipped_db_absent": dev_absent,
-                "absent_databases": sorted({r["db_id"] for r in dev_rows if not r["db_present"]})},
+        "train": {
+            "examples": len(train_all),
+            "skipped_db_absent": len(train_all) - len(train_present),
+            "absent_databases": absent_train_dbs,
+            "sft": len(sft_rows),
+            "grpo": len(grpo_rows),
+            "heldout": len(heldout_rows),
+            "heldout_split": "query",
+            **split_stats,
+        },
+        "dev": {
+            "examples": len(dev_rows),
+            "skipped_db_absent": dev_absent,
+            "absent_databases": sorted({r["db_id"] for r in dev_rows if not r["db_present"]}),
+        },
         "prompt_length": {
             "train": _length_stats([m[1]["content"] for m in (r["prompt"] for r in sft_rows)]),
             "dev": _length_stats([r["prompt"][1]["content"] for r in dev_rows if r["prompt"]]),
@@ -223,29 +274,40 @@ def prepare(params: PrepareParams, seed: int, root: Path = REPO_ROOT) -> dict:
     }
 
 
-def augment_rows(sft_rows: list[dict], train: list[Example], schemas: dict[str, Schema],
-                 params: PrepareParams, seed: int) -> dict:
+def augment_rows(
+    sft_rows: list[dict],
+    train: list[Example],
+    schemas: dict[str, Schema],
+    params: PrepareParams,
+    seed: int,
+) -> dict:
     """Append `params.augment.copies` schema-grounding copies of each training example (a
     fractional part copies a seeded sample of the examples)."""
     aug = params.augment
     if aug.copies == 0 or not (aug.shuffle_schema or aug.rename_prob > 0):
         return {"copies": 0}
     if params.sample_rows > 0:
-        raise ParamsError("prepare.augment needs prepare.sample_rows: 0 (sample rows are read "
-                          "from the real database, under the real names)")
-    augmenter = Augmenter(aug.shuffle_schema, aug.rename_prob,
-                          name_pools(schemas[ex.db_id] for ex in train), seed)
+        raise ParamsError(
+            "prepare.augment needs prepare.sample_rows: 0 (sample rows are read "
+            "from the real database, under the real names)"
+        )
+    augmenter = Augmenter(
+        aug.shuffle_schema, aug.rename_prob, name_pools(schemas[ex.db_id] for ex in train), seed
+    )
     for copy, indices in enumerate(_copy_rounds(len(train), aug.copies, seed)):
         for i in indices:
             ex = train[i]
-            schema, question, sql = augmenter.augment(schemas[ex.db_id], ex.question, ex.query,
-                                                      f"{i}:{copy}")
+            schema, question, sql = augmenter.augment(
+                schemas[ex.db_id], ex.question, ex.query, f"{i}:{copy}"
+            )
             if params.mark_schema_mentions:
                 question = mark_question(question, schema)
-            messages = build_messages(serialize_schema(schema, params.schema_format),
-                                      question, params.system_prompt)
-            sft_rows.append({"prompt": messages, "completion": completion_message(sql),
-                             "db_id": ex.db_id})
+            messages = build_messages(
+                serialize_schema(schema, params.schema_format), question, params.system_prompt
+            )
+            sft_rows.append(
+                {"prompt": messages, "completion": completion_message(sql), "db_id": ex.db_id}
+            )
     return {"copies": aug.copies, **augmenter.stats.as_dict()}
 
 

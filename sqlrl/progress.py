@@ -1,6 +1,7 @@
 """Progress a person can read: a tqdm bar with an ETA on a terminal; elsewhere (a DVC run in
 CI, a log file) one plain line per `every` share of the work, so a slow machine shows in the
 first minute, not after an hour."""
+
 from __future__ import annotations
 
 import sys
@@ -14,15 +15,25 @@ LINE_FORMAT = "{desc}: {percentage:3.0f}% {n_fmt}/{total_fmt} [{elapsed}<{remain
 class Progress:
     """Counts work done out of `total`; a bar on a terminal, a line per `every` share elsewhere."""
 
-    def __init__(self, total: int, desc: str, unit: str = "it", every: float = 0.05,
-                 file=None, enabled: bool = True):
+    def __init__(
+        self,
+        total: int,
+        desc: str,
+        unit: str = "it",
+        every: float = 0.05,
+        file=None,
+        enabled: bool = True,
+    ):
         self.total, self.desc, self.unit = max(int(total), 0), desc, unit
         self.file = file if file is not None else sys.stderr
         self.n = 0
         self.enabled = enabled
         self.terminal = enabled and self.file.isatty()
-        self.bar = (tqdm(total=self.total, desc=desc, unit=unit, file=self.file,
-                         dynamic_ncols=True) if self.terminal else None)
+        self.bar = (
+            tqdm(total=self.total, desc=desc, unit=unit, file=self.file, dynamic_ncols=True)
+            if self.terminal
+            else None
+        )
         self.step = max(1, round(self.total * every))
         self.next_line = self.step
         self.start = time.perf_counter()
@@ -38,15 +49,16 @@ class Progress:
 
     def _line(self) -> None:
         elapsed = time.perf_counter() - self.start
-        text = tqdm.format_meter(self.n, self.total, elapsed, prefix=self.desc, unit=self.unit,
-                                 bar_format=LINE_FORMAT)
+        text = tqdm.format_meter(
+            self.n, self.total, elapsed, prefix=self.desc, unit=self.unit, bar_format=LINE_FORMAT
+        )
         print(text, file=self.file, flush=True)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
 
-    def __enter__(self) -> "Progress":
+    def __enter__(self) -> Progress:
         return self
 
     def __exit__(self, *exc) -> None:

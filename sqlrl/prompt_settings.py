@@ -4,6 +4,7 @@ The sft stage writes them into models/sft and merge copies them into models/fina
 server builds prompts the way the served model was trained, whatever params.yaml the
 workspace holds now (another profile checked out, say).
 """
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,14 @@ from pathlib import Path
 from sqlrl.errors import PipelineError
 
 PROMPT_SETTINGS_FILE = "sqlrl_prompt.json"
-_TYPES = {"schema_format": str, "sample_rows": int, "max_prompt_tokens": int,
-          "system_prompt": str, "mark_schema_mentions": bool, "schema_repair": bool}
+_TYPES = {
+    "schema_format": str,
+    "sample_rows": int,
+    "max_prompt_tokens": int,
+    "system_prompt": str,
+    "mark_schema_mentions": bool,
+    "schema_repair": bool,
+}
 FIELDS = tuple(_TYPES)
 
 
@@ -39,7 +46,8 @@ def read_prompt_settings(model_dir: str | Path) -> dict:
         raise PromptSettingsError(
             f"{path} is missing, so the prompts this model was trained on are unknown: the "
             f"sft stage writes it and merge copies it into models/final (a model trained "
-            f"before they did needs `dvc repro` again)") from None
+            f"before they did needs `dvc repro` again)"
+        ) from None
     except (OSError, ValueError) as exc:
         raise PromptSettingsError(f"{path}: unreadable ({exc})") from None
     if not isinstance(settings, dict):
@@ -49,6 +57,7 @@ def read_prompt_settings(model_dir: str | Path) -> dict:
         raise PromptSettingsError(f"{path}: missing {', '.join(missing)}")
     for name, kind in _TYPES.items():  # a hand-edited file fails here, not on every request
         if type(settings[name]) is not kind:
-            raise PromptSettingsError(f"{path}: {name} must be of type {kind.__name__}, got "
-                                      f"{settings[name]!r}")
+            raise PromptSettingsError(
+                f"{path}: {name} must be of type {kind.__name__}, got {settings[name]!r}"
+            )
     return {name: settings[name] for name in FIELDS}

@@ -7,6 +7,7 @@ Two schema serialisations, chosen by `prepare.schema_format`:
 - ddl: CREATE TABLE statements with types, primary and foreign keys, optionally followed by N
   sample rows per table read from the database (what Qwen2.5-Coder and OmniSQL are used to).
 """
+
 from __future__ import annotations
 
 import re
@@ -55,8 +56,10 @@ def _create_table(schema: Schema, table: Table) -> str:
         lines.append(f"  PRIMARY KEY ({', '.join(keys)})")
     for fk in schema.foreign_keys:
         if fk.table == table.name:
-            lines.append(f"  FOREIGN KEY ({quote_identifier(fk.column)}) REFERENCES "
-                         f"{quote_identifier(fk.ref_table)}({quote_identifier(fk.ref_column)})")
+            lines.append(
+                f"  FOREIGN KEY ({quote_identifier(fk.column)}) REFERENCES "
+                f"{quote_identifier(fk.ref_table)}({quote_identifier(fk.ref_column)})"
+            )
     return f"CREATE TABLE {quote_identifier(table.name)} (\n" + ",\n".join(lines) + "\n);"
 
 
@@ -82,8 +85,9 @@ def _short_value(value: object) -> str:
     return text if len(text) <= SAMPLE_VALUE_CHARS else text[: SAMPLE_VALUE_CHARS - 3] + "..."
 
 
-def serialize_schema(schema: Schema, schema_format: str, db_path: Path | None = None,
-                     sample_rows: int = 0) -> str:
+def serialize_schema(
+    schema: Schema, schema_format: str, db_path: Path | None = None, sample_rows: int = 0
+) -> str:
     """The schema text for a prompt, in the format `prepare.schema_format` names."""
     if schema_format == "compact":
         return compact_schema(schema)
@@ -100,8 +104,7 @@ def build_messages(schema_text: str, question: str, system_prompt: str) -> list[
     if not schema_text.strip():
         raise ValueError("the schema is empty")
     user = f"Database schema:\n{schema_text}\n\nQuestion: {question}"
-    return [{"role": "system", "content": system_prompt},
-            {"role": "user", "content": user}]
+    return [{"role": "system", "content": system_prompt}, {"role": "user", "content": user}]
 
 
 def completion_message(sql: str) -> list[dict]:

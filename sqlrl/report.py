@@ -9,6 +9,7 @@
   because the HTML of `dvc plots show` needs a CDN and does not render offline.
 The workspace is the "new" side; the baseline is any git revision.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,9 @@ MAX_FLIPS = 30
 
 def git_show(rev: str, path: str, root: Path = REPO_ROOT) -> str | None:
     """A file's text at `rev`, or None when it did not exist there."""
-    proc = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=root, capture_output=True,
-                          text=True)
+    proc = subprocess.run(
+        ["git", "show", f"{rev}:{path}"], cwd=root, capture_output=True, text=True
+    )
     return proc.stdout if proc.returncode == 0 else None
 
 
@@ -67,8 +69,13 @@ def _delta(new, old) -> str:
 
 def dvc_diff_table(kind: str, baseline: str, root: Path = REPO_ROOT) -> str:
     """`dvc params diff --md` / `dvc metrics diff --md` against `baseline`, as DVC prints it."""
-    run = subprocess.run(["dvc", kind, "diff", baseline, "--md"], cwd=root, capture_output=True,
-                         text=True, env={**os.environ, "DVC_NO_ANALYTICS": "1"})
+    run = subprocess.run(
+        ["dvc", kind, "diff", baseline, "--md"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DVC_NO_ANALYTICS": "1"},
+    )
     if run.returncode != 0:
         raise ValueError(f"dvc {kind} diff {baseline} failed: {run.stderr.strip()}")
     return run.stdout.strip() + "\n" if run.stdout.strip() else f"No {kind} changed.\n"
@@ -83,37 +90,52 @@ def accuracy_table(old: dict[str, dict | None], new: dict[str, dict | None]) -> 
             continue
         held, held_base = cur.get("heldout") or {}, base.get("heldout") or {}
         rows = [("dev", cur, base), ("dev, non-trivial gold", *_nontrivial(cur, base))]
-        rows += [(h, cur.get("by_hardness", {}).get(h, {}), base.get("by_hardness", {}).get(h, {}))
-                 for h in HARDNESS]
-        rows += [("heldout", held, held_base),
-                 ("heldout, non-trivial gold", *_nontrivial(held, held_base))]
+        rows += [
+            (h, cur.get("by_hardness", {}).get(h, {}), base.get("by_hardness", {}).get(h, {}))
+            for h in HARDNESS
+        ]
+        rows += [
+            ("heldout", held, held_base),
+            ("heldout, non-trivial gold", *_nontrivial(held, held_base)),
+        ]
         for split, c, b in rows:
             if not c or not c.get("n"):
                 continue
-            lines.append(f"| {stage} | {split} | {_fmt(c.get('ex'))} | {_delta(c.get('ex'), b.get('ex'))}"
-                         f" | {_fmt(c.get('em'))} | {_delta(c.get('em'), b.get('em'))} | {c.get('n')} |")
+            lines.append(
+                f"| {stage} | {split} | {_fmt(c.get('ex'))} | {_delta(c.get('ex'), b.get('ex'))}"
+                f" | {_fmt(c.get('em'))} | {_delta(c.get('em'), b.get('em'))} | {c.get('n')} |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def _nontrivial(cur: dict, base: dict) -> tuple[dict, dict]:
     """EX on the questions whose gold result is not empty or only 0/NULL (no EM: not split)."""
+
     def view(m: dict) -> dict:
         if m.get("ex_nontrivial") is None:
             return {}
         return {"ex": m["ex_nontrivial"], "n": m.get("n", 0) - m.get("n_trivial_gold", 0)}
+
     return view(cur), view(base)
 
 
 def flipped_questions(old_rows: list[dict], new_rows: list[dict]) -> list[dict]:
     """Dev questions whose EX verdict changed between two prediction files (same order)."""
     flips = []
-    for i, (o, n) in enumerate(zip(old_rows, new_rows)):
+    for i, (o, n) in enumerate(zip(old_rows, new_rows, strict=False)):
         if o.get("question") != n.get("question"):
             raise ValueError(f"prediction files disagree on question #{i}: the dev set changed")
         if o.get("ex") != n.get("ex") and None not in (o.get("ex"), n.get("ex")):
-            flips.append({"index": i, "question": n["question"], "gold": n.get("gold"),
-                          "old": o.get("pred"), "new": n.get("pred"),
-                          "now": "fixed" if n["ex"] else "broken"})
+            flips.append(
+                {
+                    "index": i,
+                    "question": n["question"],
+                    "gold": n.get("gold"),
+                    "old": o.get("pred"),
+                    "new": n.get("pred"),
+                    "now": "fixed" if n["ex"] else "broken",
+                }
+            )
     return flips
 
 
@@ -121,13 +143,25 @@ def flips_section(stage: str, flips: list[dict], baseline: str) -> str:
     if not flips:
         return f"No dev verdict flipped for `{stage}`.\n"
     fixed = sum(f["now"] == "fixed" for f in flips)
-    lines = [f"`{stage}`: {fixed} fixed, {len(flips) - fixed} broken "
-             f"(showing {min(len(flips), MAX_FLIPS)}).", "",
-             f"| # | now | question | gold | {baseline} | this revision |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"`{stage}`: {fixed} fixed, {len(flips) - fixed} broken "
+        f"(showing {min(len(flips), MAX_FLIPS)}).",
+        "",
+        f"| # | now | question | gold | {baseline} | this revision |",
+        "|---|---|---|---|---|---|",
+    ]
     for f in flips[:MAX_FLIPS]:
-        cells = [str(f["index"]), f["now"], f["question"], f"`{f['gold']}`", f"`{f['old']}`",
-                 f"`{f['new']}`"]
-        lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+        cells = [
+            str(f["index"]),
+            f["now"],
+            f["question"],
+            f"`{f['gold']}`",
+            f"`{f['old']}`",
+            f"`{f['new']}`",
+        ]
+        lines.append(
+            "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -141,16 +175,21 @@ def _read_curve(text: str | None) -> tuple[list[float], list[float]]:
     return [float(r["step"]) for r in rows], [float(r[value_key]) for r in rows]
 
 
-def render_plots(out_dir: Path, baseline: str, new_evals: dict,
-                 root: Path = REPO_ROOT) -> list[str]:
+def render_plots(
+    out_dir: Path, baseline: str, new_evals: dict, root: Path = REPO_ROOT
+) -> list[str]:
     """PNG files for the report; returns their names (only the plots that have data)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = []
     for title, path in CURVES.items():
-        new, old = _read_curve(workspace_text(path, root)), _read_curve(git_show(baseline, path, root))
+        new, old = (
+            _read_curve(workspace_text(path, root)),
+            _read_curve(git_show(baseline, path, root)),
+        )
         if not new[0] and not old[0]:
             continue
         fig, ax = plt.subplots(figsize=(6, 3.5))
@@ -171,8 +210,12 @@ def render_plots(out_dir: Path, baseline: str, new_evals: dict,
         width = 0.8 / len(stages)
         for k, stage in enumerate(stages):
             by = new_evals[stage].get("by_hardness", {})
-            ax.bar([i + k * width for i in range(len(HARDNESS))],
-                   [by.get(h, {}).get("ex") or 0 for h in HARDNESS], width, label=stage)
+            ax.bar(
+                [i + k * width for i in range(len(HARDNESS))],
+                [by.get(h, {}).get("ex") or 0 for h in HARDNESS],
+                width,
+                label=stage,
+            )
         ax.set_xticks([i + width * (len(stages) - 1) / 2 for i in range(len(HARDNESS))], HARDNESS)
         ax.set(title="Dev EX by hardness (this revision)", ylabel="EX", ylim=(0, 1))
         ax.legend()
@@ -186,20 +229,35 @@ def render_plots(out_dir: Path, baseline: str, new_evals: dict,
 def build_report(baseline: str, out_dir: Path, root: Path = REPO_ROOT) -> Path:
     """Write out_dir/report.md (+ PNGs) comparing the workspace with `baseline`."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    if subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{baseline}^{{commit}}"],
-                      cwd=root, capture_output=True).returncode != 0:
+    if (
+        subprocess.run(
+            ["git", "rev-parse", "--verify", "--quiet", f"{baseline}^{{commit}}"],
+            cwd=root,
+            capture_output=True,
+        ).returncode
+        != 0
+    ):
         raise ValueError(f"baseline {baseline!r} is not a git revision of {root}")
     new_evals = {s: _json_or_none(workspace_text(f"metrics/eval_{s}.json", root)) for s in STAGES}
-    old_evals = {s: _json_or_none(git_show(baseline, f"metrics/eval_{s}.json", root)) for s in STAGES}
-    parts = [f"# Pipeline report: this revision vs `{baseline}`\n",
-             "## Accuracy on Spider dev (EX: execution, EM: exact set match)\n",
-             accuracy_table(old_evals, new_evals),
-             "## Parameters (`dvc params diff`)\n", dvc_diff_table("params", baseline, root),
-             "## Metrics (`dvc metrics diff`)\n", dvc_diff_table("metrics", baseline, root),
-             "## Dev questions whose verdict flipped\n"]
+    old_evals = {
+        s: _json_or_none(git_show(baseline, f"metrics/eval_{s}.json", root)) for s in STAGES
+    }
+    parts = [
+        f"# Pipeline report: this revision vs `{baseline}`\n",
+        "## Accuracy on Spider dev (EX: execution, EM: exact set match)\n",
+        accuracy_table(old_evals, new_evals),
+        "## Parameters (`dvc params diff`)\n",
+        dvc_diff_table("params", baseline, root),
+        "## Metrics (`dvc metrics diff`)\n",
+        dvc_diff_table("metrics", baseline, root),
+        "## Dev questions whose verdict flipped\n",
+    ]
     for stage in STAGES:
         path = f"data/predictions/{stage}.jsonl"
-        new_rows, old_rows = _jsonl(workspace_text(path, root)), _jsonl(git_show(baseline, path, root))
+        new_rows, old_rows = (
+            _jsonl(workspace_text(path, root)),
+            _jsonl(git_show(baseline, path, root)),
+        )
         if new_rows and old_rows:
             parts.append(flips_section(stage, flipped_questions(old_rows, new_rows), baseline))
     plots = render_plots(out_dir, baseline, new_evals, root)

@@ -12,6 +12,7 @@ once, and items are handed out grouped by database so connections and gold resul
 Processes, not threads: SQLite releases the GIL while stepping, but the time-limit handler and
 fetching and comparing rows are Python, so threads contend (see benchmarks/bench_reward.py).
 """
+
 from __future__ import annotations
 
 import logging
@@ -33,20 +34,21 @@ from sqlrl.sql_extract import extract_sql
 log = logging.getLogger(__name__)
 
 Item = tuple[str, str, str]  # (absolute database path, gold SQL, predicted SQL)
-_MIN_PARALLEL = 32           # smaller batches are judged in-process: IPC would cost more
-_CHUNKS_PER_WORKER = 8       # enough pieces to balance slow queries across workers
-_RECENT = 16_384             # judgements remembered, so the syntax reward reuses them
+_MIN_PARALLEL = 32  # smaller batches are judged in-process: IPC would cost more
+_CHUNKS_PER_WORKER = 8  # enough pieces to balance slow queries across workers
+_RECENT = 16_384  # judgements remembered, so the syntax reward reuses them
 
 
 @dataclass(frozen=True)
 class Judgement:
     """How one prediction fared against its gold query."""
-    pred_status: str        # the prediction's verdict: ok | error | timeout | skipped
-    gold_status: str        # the gold query's verdict
-    match: bool             # both ran and the results are equal
-    error: str = ""         # why not, in a few words
+
+    pred_status: str  # the prediction's verdict: ok | error | timeout | skipped
+    gold_status: str  # the gold query's verdict
+    match: bool  # both ran and the results are equal
+    error: str = ""  # why not, in a few words
     gold_trivial: bool = False  # the gold result is empty or only 0/NULL: any query that
-                                # returns nothing (or zero) "matches" it (see trivial_result)
+    # returns nothing (or zero) "matches" it (see trivial_result)
 
     @property
     def status(self) -> str:
@@ -68,8 +70,9 @@ class Judge:
     carries its prediction's own execution status.
     """
 
-    def __init__(self, limits: ExecLimits | None = None, keep_distinct: bool = False,
-                 shortcuts: bool = False):
+    def __init__(
+        self, limits: ExecLimits | None = None, keep_distinct: bool = False, shortcuts: bool = False
+    ):
         self.executor = SQLExecutor(limits)
         self.keep_distinct = keep_distinct
         self.shortcuts = shortcuts
@@ -90,7 +93,9 @@ class Judge:
             if pred.status != "ok":
                 return Judgement(pred.status, gold.status, False, pred.error, trivial)
             if gold.status != "ok":
-                return Judgement("ok", gold.status, False, f"gold query {gold.status}: {gold.error}")
+                return Judgement(
+                    "ok", gold.status, False, f"gold query {gold.status}: {gold.error}"
+                )
             if pred.truncated:
                 return Judgement("ok", "ok", False, "more rows than the gold result", trivial)
             match = results_match(gold.rows, pred.rows, order_matters(gold_sql))
@@ -114,8 +119,11 @@ def trivial_result(rows) -> bool:
 
 def _same_text(a, b) -> bool:
     """The same SQL text, up to surrounding whitespace and a trailing `;`."""
-    return isinstance(a, str) and isinstance(b, str) and \
-        a.strip().rstrip("; \t\r\n") == b.strip().rstrip("; \t\r\n")
+    return (
+        isinstance(a, str)
+        and isinstance(b, str)
+        and a.strip().rstrip("; \t\r\n") == b.strip().rstrip("; \t\r\n")
+    )
 
 
 _worker = threading.local()
@@ -148,9 +156,14 @@ class JudgePool:
     see `Judge`.
     """
 
-    def __init__(self, limits: ExecLimits | None = None, workers: int | None = None,
-                 keep_distinct: bool = False, backend: str = "process",
-                 shortcuts: bool = False):
+    def __init__(
+        self,
+        limits: ExecLimits | None = None,
+        workers: int | None = None,
+        keep_distinct: bool = False,
+        backend: str = "process",
+        shortcuts: bool = False,
+    ):
         if backend not in ("process", "thread"):
             raise ValueError(f"backend must be 'process' or 'thread', got {backend!r}")
         self.limits = limits or ExecLimits()
@@ -163,8 +176,9 @@ class JudgePool:
         self._recent: OrderedDict[Item, Judgement] = OrderedDict()
         self._lock = threading.Lock()
 
-    def judge_many(self, items: Sequence[Item],
-                   progress: Callable[[int], None] | None = None) -> list[Judgement]:
+    def judge_many(
+        self, items: Sequence[Item], progress: Callable[[int], None] | None = None
+    ) -> list[Judgement]:
         """One judgement per item, in order. `progress(k)` is told as k more items finish."""
         with self._lock:
             counts = Counter(items)
@@ -183,22 +197,23 @@ class JudgePool:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
 
-    def _judge_unique(self, todo: list[Item], counts: Counter,
-                      progress) -> dict[Item, Judgement]:
+    def _judge_unique(self, todo: list[Item], counts: Counter, progress) -> dict[Item, Judgement]:
         results: dict[Item, Judgement] = {}
         if self.workers > 1 and len(todo) >= _MIN_PARALLEL:
             try:
                 pool = self._get_pool()
-                futures = {pool.submit(_judge_chunk, chunk): chunk
-                           for chunk in _chunks(todo, self.workers)}
+                futures = {
+                    pool.submit(_judge_chunk, chunk): chunk for chunk in _chunks(todo, self.workers)
+                }
                 for future in as_completed(futures):
                     chunk = futures[future]
-                    results.update(zip(chunk, future.result()))
+                    results.update(zip(chunk, future.result(), strict=False))
                     if progress:
                         progress(sum(counts[item] for item in chunk))
             except Exception as exc:  # a dead worker (OOM-killed...): finish here, restart later
-                log.warning("judge pool failed (%s: %s); judging in-process",
-                            type(exc).__name__, exc)
+                log.warning(
+                    "judge pool failed (%s: %s); judging in-process", type(exc).__name__, exc
+                )
                 try:
                     self.close()
                 except Exception:
@@ -215,12 +230,16 @@ class JudgePool:
         if self._pool is None:
             args = (self.limits, self.keep_distinct, self.shortcuts)
             if self.backend == "thread":
-                self._pool = ThreadPoolExecutor(self.workers, initializer=_init_worker,
-                                                initargs=args)
+                self._pool = ThreadPoolExecutor(
+                    self.workers, initializer=_init_worker, initargs=args
+                )
             else:
                 self._pool = ProcessPoolExecutor(
-                    self.workers, mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_init_worker, initargs=args)
+                    self.workers,
+                    mp_context=multiprocessing.get_context("spawn"),
+                    initializer=_init_worker,
+                    initargs=args,
+                )
         return self._pool
 
     def _inline_judge(self) -> Judge:
@@ -275,7 +294,7 @@ def _items(completions, db_path, gold_sql, repair=None) -> list[Item]:
     sqls = [_each(extract_sql, c) for c in completions]
     if repair is not None:
         sqls = [_each(repair, i, sql) for i, sql in enumerate(sqls)]
-    return [(absolute[p], g, s) for s, p, g in zip(sqls, paths, golds)]
+    return [(absolute[p], g, s) for s, p, g in zip(sqls, paths, golds, strict=False)]
 
 
 def _each(fn, *args) -> str:
@@ -284,8 +303,12 @@ def _each(fn, *args) -> str:
     try:
         return fn(*args)
     except Exception as exc:
-        log.warning("reward: %s failed on one completion: %s: %s",
-                    getattr(fn, "__name__", fn), type(exc).__name__, exc)
+        log.warning(
+            "reward: %s failed on one completion: %s: %s",
+            getattr(fn, "__name__", fn),
+            type(exc).__name__,
+            exc,
+        )
         return ""
 
 
@@ -303,15 +326,16 @@ class _Rewards:
 
     def __init__(self, pool: JudgePool, schemas: dict | None = None):
         self.pool = pool
-        self.schemas = schemas            # db_id -> Schema: reward the schema-repaired SQL
-        self.stats: Counter = Counter()   # judgement statuses over all execution_reward calls
+        self.schemas = schemas  # db_id -> Schema: reward the schema-repaired SQL
+        self.stats: Counter = Counter()  # judgement statuses over all execution_reward calls
         self._warned: set[str] = set()
 
     def judge(self, completions, db_path, gold_sql, kwargs: dict) -> list[Judgement] | None:
         """Judgements for a batch, or None when the batch itself is unusable (logged)."""
         try:
-            repair = (_schema_repairer(self.schemas, len(completions), kwargs)
-                      if self.schemas else None)
+            repair = (
+                _schema_repairer(self.schemas, len(completions), kwargs) if self.schemas else None
+            )
             return self.pool.judge_many(_items(completions, db_path, gold_sql, repair))
         except Exception as exc:
             log.error("reward batch could not be judged: %s: %s", type(exc).__name__, exc)
@@ -340,17 +364,21 @@ def _count(completions) -> int:
         return 0
 
 
-def make_rewards(limits: ExecLimits | None = None, workers: int | None = None,
-                 keep_distinct: bool = False, backend: str = "process",
-                 schemas: dict | None = None, executable_credit: float = 0.0):
+def make_rewards(
+    limits: ExecLimits | None = None,
+    workers: int | None = None,
+    keep_distinct: bool = False,
+    backend: str = "process",
+    schemas: dict | None = None,
+    executable_credit: float = 0.0,
+):
     """(execution_reward, syntax_reward) sharing one judge pool; see the module docstring.
     With `schemas` (db_id -> Schema), the SQL is schema-repaired before it is judged, using
     the batch's db_id and question columns (grpo.schema_repair). `executable_credit` is the
     execution reward of SQL that runs but returns the wrong result (Arctic-Text2SQL-R1: 0.1)."""
     if not 0.0 <= executable_credit < 1.0:
         raise ValueError(f"executable_credit must be in [0, 1), got {executable_credit}")
-    state = _Rewards(JudgePool(limits, workers, keep_distinct, backend, shortcuts=True),
-                     schemas)
+    state = _Rewards(JudgePool(limits, workers, keep_distinct, backend, shortcuts=True), schemas)
 
     def execution_reward(completions, db_path, gold_sql, **kwargs) -> list[float | None]:
         """1.0 if the completion's SQL returns the gold result, `executable_credit` if it
@@ -359,18 +387,27 @@ def make_rewards(limits: ExecLimits | None = None, workers: int | None = None,
         if judgements is None:
             return [0.0] * _count(completions)
         state.record(judgements, kwargs.get("log_metric"))
-        return [None if j.status == "skipped" else 1.0 if j.match
-                else executable_credit if j.pred_status == "ok" else 0.0 for j in judgements]
+        return [
+            None
+            if j.status == "skipped"
+            else 1.0
+            if j.match
+            else executable_credit
+            if j.pred_status == "ok"
+            else 0.0
+            for j in judgements
+        ]
 
     def syntax_reward(completions, db_path, gold_sql=None, **kwargs) -> list[float | None]:
         """1.0 if the completion's SQL executes (any result), 0.0 if not, None if the
         database is absent."""
-        judgements = state.judge(completions, db_path, "" if gold_sql is None else gold_sql,
-                                 kwargs)
+        judgements = state.judge(completions, db_path, "" if gold_sql is None else gold_sql, kwargs)
         if judgements is None:
             return [0.0] * _count(completions)
-        return [None if "skipped" in (j.pred_status, j.gold_status)
-                else float(j.pred_status == "ok") for j in judgements]
+        return [
+            None if "skipped" in (j.pred_status, j.gold_status) else float(j.pred_status == "ok")
+            for j in judgements
+        ]
 
     for fn in (execution_reward, syntax_reward):
         fn.pool = state.pool
@@ -378,8 +415,12 @@ def make_rewards(limits: ExecLimits | None = None, workers: int | None = None,
     return execution_reward, syntax_reward
 
 
-def make_execution_reward(limits: ExecLimits | None = None, workers: int | None = None,
-                          keep_distinct: bool = False, backend: str = "process"):
+def make_execution_reward(
+    limits: ExecLimits | None = None,
+    workers: int | None = None,
+    keep_distinct: bool = False,
+    backend: str = "process",
+):
     """An `execution_reward` with its own limits and pool (TRL logs it as execution_reward)."""
     return make_rewards(limits, workers, keep_distinct, backend)[0]
 

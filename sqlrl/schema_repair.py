@@ -13,6 +13,7 @@ Only unknown names change, so a query that runs is returned as it is: repair can
 that would fail into one that runs, never the other way round. Double-quoted names (SQLite reads
 an unknown one as a string), column aliases, CTE names and columns of subqueries are left alone.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -21,10 +22,10 @@ from collections.abc import Callable, Sequence
 from sqlrl.augment import schema_mentions
 from sqlrl.spider import Schema, Table
 
-CLOSE = 0.8           # similarity of a spelling variant (ages/Age, singers/singer)
-CLOSE_BONUS = 2.0     # a spelling variant of a real name is that name
-MENTION_BONUS = 1.0   # otherwise a name the question mentions beats any other similarity
-REUSE_PENALTY = 0.5   # two different unknown tables should not collapse onto one table
+CLOSE = 0.8  # similarity of a spelling variant (ages/Age, singers/singer)
+CLOSE_BONUS = 2.0  # a spelling variant of a real name is that name
+MENTION_BONUS = 1.0  # otherwise a name the question mentions beats any other similarity
+REUSE_PENALTY = 0.5  # two different unknown tables should not collapse onto one table
 
 
 def _similarity(a: str, b: str) -> float:
@@ -33,13 +34,16 @@ def _similarity(a: str, b: str) -> float:
     return ratio + (CLOSE_BONUS if ratio >= CLOSE else 0.0)
 
 
-def repairer(schemas: dict[str, Schema], db_ids: Sequence[str],
-             questions: Sequence[str]) -> Callable[[int, str], str]:
+def repairer(
+    schemas: dict[str, Schema], db_ids: Sequence[str], questions: Sequence[str]
+) -> Callable[[int, str], str]:
     """repair(i, sql) for a batch whose item i asks questions[i] of database db_ids[i]; SQL for
     a database `schemas` does not know is returned as it is."""
+
     def repair(i: int, sql: str) -> str:
         schema = schemas.get(db_ids[i])
         return sql if schema is None else repair_sql(sql, schema, questions[i])
+
     return repair
 
 
@@ -47,7 +51,6 @@ def repair_sql(sql: str, schema: Schema, question: str) -> str:
     """`sql` with unknown table and column names replaced by names of `schema`; `sql` itself
     when every name exists, when it does not parse, or when the schema has no tables."""
     import sqlglot
-    from sqlglot import exp
 
     if not sql or not schema.tables:
         return sql
@@ -84,12 +87,14 @@ def _repair_tables(tree, schema: Schema, mentions: list[str]) -> bool:
         if not name or low in tables or low in ctes or node.this.args.get("quoted"):
             continue
         if low not in mapping:
+
             def score(table: Table, name=name) -> float:
                 s = _similarity(name, table.name)
                 s += MENTION_BONUS if table.name in mentioned else 0.0
                 s += 0.3 * MENTION_BONUS if table.name in mentioned_via_column else 0.0
                 s -= REUSE_PENALTY if table.name.lower() in used else 0.0
                 return s
+
             best = max(schema.tables, key=score)
             mapping[low] = best.name
             used.add(best.name.lower())
@@ -119,8 +124,13 @@ def _repair_columns(tree, schema: Schema, mentions: list[str]) -> bool:
     for col in list(tree.find_all(exp.Column)):
         name = col.name
         ident = col.this
-        if (not name or name == "*" or not isinstance(ident, exp.Identifier)
-                or ident.args.get("quoted") or name.lower() in output_aliases):
+        if (
+            not name
+            or name == "*"
+            or not isinstance(ident, exp.Identifier)
+            or ident.args.get("quoted")
+            or name.lower() in output_aliases
+        ):
             continue
         qualifier = col.table.lower()
         if qualifier and qualifier not in scope:
@@ -133,6 +143,7 @@ def _repair_columns(tree, schema: Schema, mentions: list[str]) -> bool:
             table, column = pair
             s = _similarity(name, column.name)
             return s + (MENTION_BONUS if (table.name, column.name) in mentioned else 0.0)
+
         pairs = [(t, c) for t in candidates for c in t.columns]
         if not pairs:
             continue

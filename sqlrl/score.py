@@ -14,6 +14,7 @@ numbers use (all 1,034 dev questions), also per hardness. `ex_nontrivial` is EX 
 questions whose gold result is empty or only 0/NULL (`n_trivial_gold`), which a wrong query
 matches easily. The same report comes from `score_predictions` for in-process callers.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,13 +24,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-
 from sqlrl.executor import ExecLimits
 from sqlrl.progress import Progress
 from sqlrl.rewards import Judgement, JudgePool
 
 HARDNESS_LEVELS = ("easy", "medium", "hard", "extra")
-EVAL_TIMEOUT_S = 10.0          # per query; rewards use 5 s, evaluation can afford more
+EVAL_TIMEOUT_S = 10.0  # per query; rewards use 5 s, evaluation can afford more
 _ERROR_CHARS = 200
 _pools: dict[tuple, JudgePool] = {}
 
@@ -38,23 +38,35 @@ class ScoreInputError(ValueError):
     """The gold or prediction file cannot be scored as given; the message says why."""
 
 
-def score_predictions(gold: list[tuple[str, str]], preds: list[str], db_dir, tables_json,
-                      workers: int | None = None, limits: ExecLimits | None = None,
-                      keep_distinct: bool = False, progress: bool = True) -> dict:
+def score_predictions(
+    gold: list[tuple[str, str]],
+    preds: list[str],
+    db_dir,
+    tables_json,
+    workers: int | None = None,
+    limits: ExecLimits | None = None,
+    keep_distinct: bool = False,
+    progress: bool = True,
+) -> dict:
     """The report (see module docstring) for `preds` against `gold` [(sql, db_id), ...]."""
     if len(gold) != len(preds):
         raise ScoreInputError(f"{len(gold)} gold items but {len(preds)} predictions")
     schemas = _schemas(tables_json)
     db_dir = Path(db_dir)
-    items = [(str((db_dir / db_id / f"{db_id}.sqlite").absolute()), sql, pred)
-             for (sql, db_id), pred in zip(gold, preds)]
+    items = [
+        (str((db_dir / db_id / f"{db_id}.sqlite").absolute()), sql, pred)
+        for (sql, db_id), pred in zip(gold, preds, strict=False)
+    ]
     pool = _pool(limits or ExecLimits(timeout_s=EVAL_TIMEOUT_S), workers, keep_distinct)
     with Progress(len(items), "score", unit="query", enabled=progress) as bar:
         judgements = pool.judge_many(items, progress=bar.update)
     em_tools = _spider_eval()
-    report_items = [_item(i, sql, db_id, pred, judgement, schemas.get(db_id), em_tools)
-                    for i, ((sql, db_id), pred, judgement)
-                    in enumerate(zip(gold, preds, judgements))]
+    report_items = [
+        _item(i, sql, db_id, pred, judgement, schemas.get(db_id), em_tools)
+        for i, ((sql, db_id), pred, judgement) in enumerate(
+            zip(gold, preds, judgements, strict=False)
+        )
+    ]
     report = _summary(report_items)
     if em_tools is None:
         report["warnings"] = ["sqlrl.spider_eval is unavailable: em and hardness are null"]
@@ -87,8 +99,15 @@ def _spider_eval():
     return exact_match, hardness
 
 
-def _item(index: int, gold_sql: str, db_id: str, pred: str, judgement: Judgement,
-          schema: dict | None, em_tools) -> dict:
+def _item(
+    index: int,
+    gold_sql: str,
+    db_id: str,
+    pred: str,
+    judgement: Judgement,
+    schema: dict | None,
+    em_tools,
+) -> dict:
     """One line of the report."""
     status = judgement.status
     skipped = status == "skipped"
@@ -102,9 +121,14 @@ def _item(index: int, gold_sql: str, db_id: str, pred: str, judgement: Judgement
     if schema is None:
         error = (error + "; " if error else "") + f"db_id {db_id!r} is not in tables.json"
     return {
-        "index": index, "db_id": db_id, "hardness": level, "status": status,
-        "ex": None if skipped else int(judgement.match), "em": em,
-        "error": error[:_ERROR_CHARS], "gold_failed": judgement.gold_status not in ("ok", "skipped"),
+        "index": index,
+        "db_id": db_id,
+        "hardness": level,
+        "status": status,
+        "ex": None if skipped else int(judgement.match),
+        "em": em,
+        "error": error[:_ERROR_CHARS],
+        "gold_failed": judgement.gold_status not in ("ok", "skipped"),
         "gold_trivial": judgement.gold_trivial,
     }
 
@@ -135,7 +159,8 @@ def _summary(items: list[dict]) -> dict:
         every = [it for it in items if it["hardness"] == level]
         here = [it for it in every if it["status"] != "skipped"]
         by_hardness[level] = {
-            "n": len(here), "ex": _fraction([it["ex"] for it in here]),
+            "n": len(here),
+            "ex": _fraction([it["ex"] for it in here]),
             "ex_all": _fraction_all(every),
             "em": _fraction([it["em"] for it in here if it["em"] is not None]),
             "skipped": len(every) - len(here),
@@ -184,8 +209,9 @@ def _lines(path) -> list[str]:
     try:
         text = Path(path).read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise ScoreInputError(f"{path}: not UTF-8 text (byte {exc.start}: "
-                              f"{exc.object[exc.start:exc.start + 4]!r})") from None
+        raise ScoreInputError(
+            f"{path}: not UTF-8 text (byte {exc.start}: {exc.object[exc.start : exc.start + 4]!r})"
+        ) from None
     except OSError as exc:
         raise ScoreInputError(f"{path}: cannot read: {exc.strerror or exc}") from None
     lines = text.split("\n")
@@ -206,17 +232,23 @@ def _seconds(text: str) -> float:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m sqlrl.score", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m sqlrl.score", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--gold", required=True, help="SQL<TAB>db_id per line (dev_gold.sql)")
     parser.add_argument("--pred", required=True, help="one predicted SQL per line")
     parser.add_argument("--db", required=True, help="the database/ folder of the Spider release")
     parser.add_argument("--table", required=True, help="tables.json")
     parser.add_argument("--out", required=True, help="where to write the JSON report")
     parser.add_argument("--workers", type=int, default=None, help="parallel processes")
-    parser.add_argument("--timeout", type=_seconds, default=EVAL_TIMEOUT_S,
-                        help="seconds per query (finite, > 0)")
-    parser.add_argument("--keep-distinct", action="store_true",
-                        help="compare with DISTINCT kept (the test suite removes it by default)")
+    parser.add_argument(
+        "--timeout", type=_seconds, default=EVAL_TIMEOUT_S, help="seconds per query (finite, > 0)"
+    )
+    parser.add_argument(
+        "--keep-distinct",
+        action="store_true",
+        help="compare with DISTINCT kept (the test suite removes it by default)",
+    )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
@@ -230,11 +262,20 @@ def main(argv: list[str] | None = None) -> int:
         while len(preds) > len(gold) and preds and not preds[-1]:
             preds.pop()
         if len(gold) != len(preds):
-            raise ScoreInputError(f"{args.gold} has {len(gold)} gold items but {args.pred} has "
-                                  f"{len(preds)} predictions; they must match line for line")
-        report = score_predictions(gold, preds, args.db, args.table, args.workers,
-                                   ExecLimits(timeout_s=args.timeout), args.keep_distinct,
-                                   progress=not args.no_progress)
+            raise ScoreInputError(
+                f"{args.gold} has {len(gold)} gold items but {args.pred} has "
+                f"{len(preds)} predictions; they must match line for line"
+            )
+        report = score_predictions(
+            gold,
+            preds,
+            args.db,
+            args.table,
+            args.workers,
+            ExecLimits(timeout_s=args.timeout),
+            args.keep_distinct,
+            progress=not args.no_progress,
+        )
     except (ScoreInputError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -242,12 +283,15 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     except OSError as exc:
-        print(f"error: cannot write the report to {args.out}: {exc.strerror or exc}",
-              file=sys.stderr)
+        print(
+            f"error: cannot write the report to {args.out}: {exc.strerror or exc}", file=sys.stderr
+        )
         return 2
-    print(f"EX {_percent(report['ex'])}  EM {_percent(report['em'])}  n={report['n']} "
-          f"skipped={report['skipped']}  EX with skipped as wrong {_percent(report['ex_all'])}"
-          f"  errors={report['errors']}  -> {args.out}")
+    print(
+        f"EX {_percent(report['ex'])}  EM {_percent(report['em'])}  n={report['n']} "
+        f"skipped={report['skipped']}  EX with skipped as wrong {_percent(report['ex_all'])}"
+        f"  errors={report['errors']}  -> {args.out}"
+    )
     return 0
 
 

@@ -13,6 +13,7 @@
 - Curves (loss, learning rate, tokens/s) go to dvclive/sft/plots/metrics through DVCLive,
   which must not rewrite dvc.yaml (dvcyaml=False) nor make DVC experiments.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,21 +32,26 @@ from sqlrl.progress import trainer_progress
 class SftDataError(PipelineError, ValueError):
     """Training rows would be cut or dropped by sft.max_length; the message says which."""
 
+
 DVCLIVE_DIR = "dvclive/sft"
-_SUMMARY_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second",
-                 "total_flos", "train_loss")
+_SUMMARY_KEYS = (
+    "train_runtime",
+    "train_samples_per_second",
+    "train_steps_per_second",
+    "total_flos",
+    "train_loss",
+)
 
 
 def load_sft_dataset(path: str | Path):
     """The prepared rows as a datasets.Dataset of conversational prompt/completion pairs.
-    Read once first, so a malformed line is named by file and line (datasets would not)."""
-    from datasets import load_dataset
+    Read with read_jsonl, so a malformed line is named by file and line (datasets would not)."""
+    from datasets import Dataset
 
     from sqlrl.jsonio import read_jsonl
 
-    read_jsonl(path, ("prompt", "completion"))
-    ds = load_dataset("json", data_files=str(path), split="train")
-    return ds.select_columns(["prompt", "completion"])
+    rows = read_jsonl(path, ("prompt", "completion"))
+    return Dataset.from_list([{"prompt": r["prompt"], "completion": r["completion"]} for r in rows])
 
 
 def _throughput_callback():
@@ -107,19 +113,26 @@ def _trainer_class():
             if weight is None:
                 mask, targets = completion, labels[completion]
             else:  # every real token: the prompt's from input_ids, weighted
-                real = (inputs["attention_mask"][:, 1:].bool() if "attention_mask" in inputs
-                        else torch.ones_like(completion))
+                real = (
+                    inputs["attention_mask"][:, 1:].bool()
+                    if "attention_mask" in inputs
+                    else torch.ones_like(completion)
+                )
                 mask = real | completion
                 targets = inputs["input_ids"][:, 1:][mask]
                 is_completion = completion[mask]
             # the backbone is called directly, so the mixed precision accelerate puts around
             # model.forward must be applied here
             device = inputs["input_ids"].device.type
-            autocast = (torch.autocast(device_type=device, dtype=torch.bfloat16)
-                        if self.args.bf16 else self.accelerator.autocast())
+            autocast = (
+                torch.autocast(device_type=device, dtype=torch.bfloat16)
+                if self.args.bf16
+                else self.accelerator.autocast()
+            )
             with autocast:
-                hidden = backbone(input_ids=inputs["input_ids"], use_cache=False,
-                                  **kwargs).last_hidden_state[:, :-1]
+                hidden = backbone(
+                    input_ids=inputs["input_ids"], use_cache=False, **kwargs
+                ).last_hidden_state[:, :-1]
                 logits = base.get_output_embeddings()(hidden[mask])
             logits = logits.float()
             if weight is None:
@@ -138,11 +151,14 @@ def _trainer_class():
                 if weight is not None:  # accuracy on the completion, as without weighting
                     hits = hits[is_completion]
                 self._metrics[mode]["mean_token_accuracy"].append(
-                    hits.sum().item() / max(int(hits.numel()), 1))
+                    hits.sum().item() / max(int(hits.numel()), 1)
+                )
                 if mode == "train":
                     self._total_train_tokens += int(
-                        inputs["attention_mask"].sum().item() if "attention_mask" in inputs
-                        else inputs["input_ids"].numel())
+                        inputs["attention_mask"].sum().item()
+                        if "attention_mask" in inputs
+                        else inputs["input_ids"].numel()
+                    )
                 self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
             if return_outputs:
                 return loss, {"logits": logits}
@@ -160,9 +176,12 @@ def check_rows_fit(rows_in: int, prepared_lengths: list[int], max_length: int) -
         raise SftDataError(
             f"{dropped + cut} of {rows_in} SFT rows do not fit sft.max_length={max_length} "
             f"tokens ({dropped} dropped by TRL, {cut} cut at the limit, their SQL incomplete): "
-            f"raise sft.max_length or lower prepare.max_prompt_tokens / prepare.sample_rows")
-    return {"rows_trained": len(prepared_lengths),
-            "max_row_tokens": max(prepared_lengths, default=0)}
+            f"raise sft.max_length or lower prepare.max_prompt_tokens / prepare.sample_rows"
+        )
+    return {
+        "rows_trained": len(prepared_lengths),
+        "max_row_tokens": max(prepared_lengths, default=0),
+    }
 
 
 def _weighted_prompt_loss(params: SftParams) -> bool:
@@ -175,21 +194,34 @@ def sft_config(params: SftParams, seed: int, output_dir: str, **overrides):
     from trl import SFTConfig
 
     kwargs = dict(
-        output_dir=output_dir, num_train_epochs=params.epochs,
-        learning_rate=params.learning_rate, per_device_train_batch_size=params.batch_size,
-        gradient_accumulation_steps=params.grad_accum, max_length=params.max_length,
-        bf16=resolve_bf16(params.bf16)[0], fp16=False,
+        output_dir=output_dir,
+        num_train_epochs=params.epochs,
+        learning_rate=params.learning_rate,
+        per_device_train_batch_size=params.batch_size,
+        gradient_accumulation_steps=params.grad_accum,
+        max_length=params.max_length,
+        bf16=resolve_bf16(params.bf16)[0],
+        fp16=False,
         gradient_checkpointing=params.gradient_checkpointing,
-        lr_scheduler_type=params.lr_scheduler, warmup_steps=params.warmup_ratio,
+        lr_scheduler_type=params.lr_scheduler,
+        warmup_steps=params.warmup_ratio,
         weight_decay=params.weight_decay,
         # a weighted prompt loss needs labels that mark the completion (the trainer adds the prompt)
         completion_only_loss=params.completion_only_loss or _weighted_prompt_loss(params),
         packing=False,
         train_sampling_strategy="group_by_length" if params.group_by_length else "random",
-        logging_steps=params.logging_steps, logging_first_step=True,
-        save_strategy="no", eval_strategy="no", report_to="none",
-        seed=seed, data_seed=seed, dataloader_num_workers=0, dataloader_pin_memory=False,
-        dataset_num_proc=None, disable_tqdm=True, use_cpu=not torch.cuda.is_available(),
+        logging_steps=params.logging_steps,
+        logging_first_step=True,
+        save_strategy="no",
+        eval_strategy="no",
+        report_to="none",
+        seed=seed,
+        data_seed=seed,
+        dataloader_num_workers=0,
+        dataloader_pin_memory=False,
+        dataset_num_proc=None,
+        disable_tqdm=True,
+        use_cpu=not torch.cuda.is_available(),
     )
     kwargs.update(overrides)
     return SFTConfig(**kwargs)
@@ -199,39 +231,58 @@ def lora_config(params: SftParams):
     from peft import LoraConfig
 
     lora = params.lora
-    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                      target_modules=list(lora.target_modules), task_type="CAUSAL_LM")
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
 
 
-def train_sft(params: SftParams, seed: int, base_dir: str | Path, data_path: str | Path,
-              out_dir: str | Path, dvclive_dir: str | None = DVCLIVE_DIR, torch_threads: int = 0,
-              **config_overrides) -> dict:
+def train_sft(
+    params: SftParams,
+    seed: int,
+    base_dir: str | Path,
+    data_path: str | Path,
+    out_dir: str | Path,
+    dvclive_dir: str | None = DVCLIVE_DIR,
+    torch_threads: int = 0,
+    **config_overrides,
+) -> dict:
     """Fine-tune models/base on sft.jsonl, save the merged model to out_dir, return metrics."""
     import torch
     from transformers import set_seed
     from transformers.integrations import DVCLiveCallback
+
     threads = set_torch_threads(torch_threads)
     set_seed(seed)
     SFTTrainer = _trainer_class()
-    model, tokenizer = load_model_and_tokenizer(base_dir,
-                                                attn_implementation=params.attn_implementation)
+    model, tokenizer = load_model_and_tokenizer(
+        base_dir, attn_implementation=params.attn_implementation
+    )
     save_dtype = getattr(torch, saved_dtype(base_dir))  # the base model's (bf16 for Qwen)
     model.config.use_cache = False
     dataset = load_sft_dataset(data_path)
     callbacks = [_throughput_callback(), trainer_progress("sft")]
     if dvclive_dir:
         from dvclive import Live
+
         shutil.rmtree(dvclive_dir, ignore_errors=True)
-        callbacks.append(DVCLiveCallback(live=Live(dvclive_dir, dvcyaml=False,
-                                                   save_dvc_exp=False)))
+        callbacks.append(DVCLiveCallback(live=Live(dvclive_dir, dvcyaml=False, save_dvc_exp=False)))
     with tempfile.TemporaryDirectory(prefix="sft-") as tmp:
         args = sft_config(params, seed, tmp, **config_overrides)
-        trainer = SFTTrainer(model=model, args=args, train_dataset=dataset,
-                             processing_class=tokenizer, callbacks=callbacks,
-                             peft_config=lora_config(params) if params.use_lora else None)
-        rows = check_rows_fit(len(dataset), [len(ids) for ids in
-                                             trainer.train_dataset["input_ids"]],
-                              args.max_length)
+        trainer = SFTTrainer(
+            model=model,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            callbacks=callbacks,
+            peft_config=lora_config(params) if params.use_lora else None,
+        )
+        rows = check_rows_fit(
+            len(dataset), [len(ids) for ids in trainer.train_dataset["input_ids"]], args.max_length
+        )
         if _weighted_prompt_loss(params):
             trainer.prompt_loss_weight = params.prompt_loss_weight
         start = time.perf_counter()

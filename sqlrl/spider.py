@@ -3,6 +3,7 @@
 Errors name the file and the item. An example whose database file is absent is not an error:
 the data card says to count it as skipped (this copy lacks wta_1, baseball_1 and soccer_1).
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,8 @@ class SpiderDataError(PipelineError, ValueError):
 
 @dataclass(frozen=True)
 class Column:
-    name: str            # original name, as SQL uses it
-    type: str            # tables.json type: text, number, time, boolean, others
+    name: str  # original name, as SQL uses it
+    type: str  # tables.json type: text, number, time, boolean, others
     is_primary: bool
 
 
@@ -50,7 +51,7 @@ class Example:
     db_id: str
     question: str
     query: str
-    source: str          # file name and index, for error messages and provenance
+    source: str  # file name and index, for error messages and provenance
 
 
 def read_json(path: Path) -> object:
@@ -78,22 +79,26 @@ def schema_from_entry(entry: dict, where: str) -> Schema:
     if not table_names:
         raise SpiderDataError(f"{where}: database {db_id!r} has a schema with no tables")
     if len(types) != len(columns):
-        raise SpiderDataError(f"{where}: {db_id!r} has {len(columns)} columns but "
-                              f"{len(types)} column types")
+        raise SpiderDataError(
+            f"{where}: {db_id!r} has {len(columns)} columns but {len(types)} column types"
+        )
     per_table: list[list[Column]] = [[] for _ in table_names]
-    for idx, ((table_idx, name), col_type) in enumerate(zip(columns, types)):
+    for idx, ((table_idx, name), col_type) in enumerate(zip(columns, types, strict=False)):
         if table_idx < 0:
             continue  # the "*" pseudo-column
         if table_idx >= len(table_names):
-            raise SpiderDataError(f"{where}: {db_id!r} column {name!r} points at table "
-                                  f"#{table_idx}, which does not exist")
+            raise SpiderDataError(
+                f"{where}: {db_id!r} column {name!r} points at table "
+                f"#{table_idx}, which does not exist"
+            )
         per_table[table_idx].append(Column(name, col_type, idx in primary))
     foreign_keys = []
     for src, dst in fks:
         (s_table, s_col), (d_table, d_col) = columns[src], columns[dst]
-        foreign_keys.append(ForeignKey(table_names[s_table], s_col,
-                                       table_names[d_table], d_col))
-    tables = tuple(Table(name, tuple(cols)) for name, cols in zip(table_names, per_table))
+        foreign_keys.append(ForeignKey(table_names[s_table], s_col, table_names[d_table], d_col))
+    tables = tuple(
+        Table(name, tuple(cols)) for name, cols in zip(table_names, per_table, strict=False)
+    )
     return Schema(db_id, tables, tuple(foreign_keys))
 
 
@@ -110,8 +115,7 @@ def load_schemas(tables_json: Path) -> dict[str, Schema]:
     entries = read_json(tables_json)
     if not isinstance(entries, list):
         raise SpiderDataError(f"{tables_json}: expected a list of schemas")
-    return {e["db_id"]: schema_from_entry(e, f"{tables_json} [{i}]")
-            for i, e in enumerate(entries)}
+    return {e["db_id"]: schema_from_entry(e, f"{tables_json} [{i}]") for i, e in enumerate(entries)}
 
 
 def load_raw_tables(tables_json: Path) -> dict[str, dict]:
@@ -137,8 +141,9 @@ def load_examples(path: Path, schemas: dict[str, Schema]) -> list[Example]:
         if missing:
             raise SpiderDataError(f"{path}: item {i} lacks {', '.join(missing)}")
         if item["db_id"] not in schemas:
-            raise SpiderDataError(f"{path}: item {i} names db_id {item['db_id']!r}, "
-                                  f"which tables.json does not define")
+            raise SpiderDataError(
+                f"{path}: item {i} names db_id {item['db_id']!r}, which tables.json does not define"
+            )
         question = _clean_text(item["question"], f"{path}: item {i} question")
         query = _clean_text(item["query"], f"{path}: item {i} query")
         examples.append(Example(item["db_id"], question, query, where))
@@ -152,8 +157,9 @@ def _clean_text(text: object, where: str) -> str:
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise SpiderDataError(f"{where}: not valid Unicode text ({exc.reason} at "
-                              f"position {exc.start})") from None
+        raise SpiderDataError(
+            f"{where}: not valid Unicode text ({exc.reason} at position {exc.start})"
+        ) from None
     return unicodedata.normalize("NFC", text).strip()
 
 

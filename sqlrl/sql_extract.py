@@ -6,6 +6,7 @@ Extraction only cuts text; it never repairs SQL. Whatever is not recognisably wr
 returned stripped as-is, so the executor, not the extractor, decides what is bad SQL
 (stacked statements are kept together so that they fail there).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -18,28 +19,36 @@ _FENCE = re.compile(r"```[ \t]*(?:([\w+.-]+)[ \t]*\n|\n?)(.*?)(?:```|\Z)", re.S)
 _INLINE = re.compile(r"(?<!`)`([^`\n]+)`(?!`)")
 _LABEL = re.compile(
     r"^\s*(?:\*\*)?(?:final\s+)?(?:(?:sqlite|sql)(?:\s+query)?|query|answer)\s*(?:\*\*)?\s*:\s*"
-    r"|^\s*(?:sqlite|sql)\s+(?=(?:select|with)\b)", re.I)
+    r"|^\s*(?:sqlite|sql)\s+(?=(?:select|with)\b)",
+    re.I,
+)
 # A query starts with SELECT, or WITH followed by a CTE head (not the English "with").
 _QUERY_HEAD = r"(?:select\b|with\s+(?:recursive\s+)?[\w\"`\[\]]+\s*(?:\([^()]*\)\s*)?as\s*\()"
 # Other statements count only in capitals: "Update:" or "Create a query" is prose.
 _STATEMENT_START = re.compile(
     r"\s*(?:\(|(?i:" + _QUERY_HEAD + r")|(?:VALUES|INSERT|UPDATE|DELETE|REPLACE|CREATE|DROP|"
     r"ALTER|ATTACH|DETACH|PRAGMA|VACUUM|BEGIN|COMMIT|END|ROLLBACK|SAVEPOINT|RELEASE|ANALYZE|"
-    r"REINDEX|EXPLAIN)\b)")
+    r"REINDEX|EXPLAIN)\b)"
+)
 _QUERY_START_LINE = re.compile(r"^[ \t]*" + _QUERY_HEAD, re.I | re.M)
-_QUERY_START_UPPER = re.compile(r"\b(?:SELECT\b|WITH\s+(?:RECURSIVE\s+)?\S+\s*(?:\([^()]*\)\s*)?AS\s*\()")
+_QUERY_START_UPPER = re.compile(
+    r"\b(?:SELECT\b|WITH\s+(?:RECURSIVE\s+)?\S+\s*(?:\([^()]*\)\s*)?AS\s*\()"
+)
 _QUERY_START_ANY = re.compile(r"\b" + _QUERY_HEAD, re.I)
 # Words that can begin a continuation line of a query; anything else after a blank line is prose.
 _CONTINUATION = re.compile(
     r"\s*(?:[(),*'\"`\[]|--|/\*|(?:select|from|where|group|order|having|limit|offset|union|"
     r"intersect|except|join|inner|left|right|cross|natural|on|and|or|not|as|case|when|then|"
-    r"else|end|with|values|asc|desc|by|in|exists|between|like|is|null|distinct|all)\b)", re.I)
+    r"else|end|with|values|asc|desc|by|in|exists|between|like|is|null|distinct|all)\b)",
+    re.I,
+)
 _MAX_SEMICOLONS = 32  # cut points examined: plenty for real answers, bounded on huge input
 # Characters sqlite3.complete_statement cannot take (it raises on NUL and on lone surrogates,
 # which surrogateescape-decoded model text can hold); neither can end or quote a statement.
 _UNCHECKABLE = re.compile(r"[\x00\ud800-\udfff]")
 _PROSE_LINE = re.compile(
-    r"\n[ \t]*(?:this|the|note|explanation|here|it|we|in this|these|that|above)\b[^\n]*", re.I)
+    r"\n[ \t]*(?:this|the|note|explanation|here|it|we|in this|these|that|above)\b[^\n]*", re.I
+)
 
 
 def completion_text(completion) -> str:
@@ -61,8 +70,11 @@ def _content_text(content) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "".join(p.get("text", "") for p in content
-                       if isinstance(p, dict) and isinstance(p.get("text"), str))
+        return "".join(
+            p.get("text", "")
+            for p in content
+            if isinstance(p, dict) and isinstance(p.get("text"), str)
+        )
     return ""
 
 
@@ -116,27 +128,33 @@ def _from_prose(text: str) -> str:
 
 def _after_label(text: str) -> str:
     """The text after the last `SQL:`-style label line, if there is one."""
-    labelled = [m.end() for m in re.finditer(
-        r"(?:^|\n)[ \t]*(?:\*\*)?(?:final\s+)?(?:sqlite|sql)(?:\s+query)?\s*(?:\*\*)?\s*:", text, re.I)]
-    return text[labelled[-1]:] if labelled else text
+    labelled = [
+        m.end()
+        for m in re.finditer(
+            r"(?:^|\n)[ \t]*(?:\*\*)?(?:final\s+)?(?:sqlite|sql)(?:\s+query)?\s*(?:\*\*)?\s*:",
+            text,
+            re.I,
+        )
+    ]
+    return text[labelled[-1] :] if labelled else text
 
 
 def _cut_trailing_prose(sql: str) -> str:
     """Cut at a `;` or a blank line that is followed by prose rather than more SQL."""
     for semicolon in itertools.islice(re.finditer(";", sql), _MAX_SEMICOLONS):
         i = semicolon.start()
-        if _complete(sql[:i + 1]):
-            rest = sql[i + 1:]
+        if _complete(sql[: i + 1]):
+            rest = sql[i + 1 :]
             if rest.strip() and not _STATEMENT_START.match(rest) and not _is_comment(rest):
-                sql = sql[:i + 1]
+                sql = sql[: i + 1]
                 break
     for blank in itertools.islice(re.finditer(r"\n[ \t]*\n", sql), _MAX_SEMICOLONS):
-        rest = sql[blank.end():]
+        rest = sql[blank.end() :]
         if not _CONTINUATION.match(rest) and not _STATEMENT_START.match(rest):
-            sql = sql[:blank.start()]
+            sql = sql[: blank.start()]
             break
     prose = _PROSE_LINE.search(sql)
-    return sql[:prose.start()] if prose else sql
+    return sql[: prose.start()] if prose else sql
 
 
 def _complete(sql: str) -> bool:

@@ -10,6 +10,7 @@ evaluation, and `answer(..., execute=True)` runs the SQL read-only on the Spider
 The HTTP server (sqlrl/serve) answers the same way (a test compares them); it keeps its own
 async copy of these steps so that repair and execution stay off its event loop.
 """
+
 from __future__ import annotations
 
 import unicodedata
@@ -25,16 +26,23 @@ from sqlrl.paths import SPIDER_DIR
 @dataclass
 class Answer:
     """The chosen SQL with how it was chosen; `verdict` when it was executed."""
+
     sql: str
-    completion: str                  # the model's text the SQL was taken from
+    completion: str  # the model's text the SQL was taken from
     candidates: list[str] = field(default_factory=list)  # every sample's SQL, in order
-    votes: int | None = None         # with several samples: the size of the winning group
-    vote: str | None = None          # "execution" (by result) or "sql_text"
+    votes: int | None = None  # with several samples: the size of the winning group
+    vote: str | None = None  # "execution" (by result) or "sql_text"
     verdict: Verdict | None = None
 
 
-def finish_answer(texts: list[str], *, schema=None, question: str = "", repair: bool = False,
-                  execute: Callable[[list[str]], list[Verdict]] | None = None) -> Answer:
+def finish_answer(
+    texts: list[str],
+    *,
+    schema=None,
+    question: str = "",
+    repair: bool = False,
+    execute: Callable[[list[str]], list[Verdict]] | None = None,
+) -> Answer:
     """Model completions -> the answer, as evaluation scores them: the SQL extracted, names
     the schema lacks repaired (when `repair` and the schema is known), and with several
     samples a vote: by execution result when `execute` runs them, else by SQL text."""
@@ -55,16 +63,29 @@ def finish_answer(texts: list[str], *, schema=None, question: str = "", repair: 
         counts = Counter(sqls)
         votes, how = max(counts.values()), "sql_text"
         chosen = next(i for i, sql in enumerate(sqls) if counts[sql] == votes)
-    return Answer(sqls[chosen], texts[chosen], sqls, votes, how,
-                  verdicts[chosen] if verdicts is not None else None)
+    return Answer(
+        sqls[chosen],
+        texts[chosen],
+        sqls,
+        votes,
+        how,
+        verdicts[chosen] if verdicts is not None else None,
+    )
 
 
 class TextToSQL:
     """Question + (a Spider `db`, a `schema` string or `ddl`) -> SQL, with a trained model."""
 
-    def __init__(self, model_dir: str | Path, *, spider_dir: str | Path = SPIDER_DIR,
-                 max_new_tokens: int = 128, exec_timeout_s: float = 30.0,
-                 use_vllm: bool = False, **prompt_overrides):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        spider_dir: str | Path = SPIDER_DIR,
+        max_new_tokens: int = 128,
+        exec_timeout_s: float = 30.0,
+        use_vllm: bool = False,
+        **prompt_overrides,
+    ):
         from sqlrl.executor import ExecLimits, SQLExecutor
         from sqlrl.generate import make_generator
         from sqlrl.serve.prompting import PromptBuilder, PromptSettings
@@ -72,24 +93,47 @@ class TextToSQL:
         self.settings = PromptSettings.for_model(model_dir, **prompt_overrides)
         self.prompts = PromptBuilder(self.settings, spider_dir)
         self.generator, self.tokenizer = make_generator(
-            model_dir, use_vllm=use_vllm, batch_size=1, max_new_tokens=max_new_tokens, seed=0,
-            progress=False)
+            model_dir,
+            use_vllm=use_vllm,
+            batch_size=1,
+            max_new_tokens=max_new_tokens,
+            seed=0,
+            progress=False,
+        )
         self.executor = SQLExecutor(ExecLimits(timeout_s=exec_timeout_s))
 
-    def __call__(self, question: str, db: str | None = None, *, schema: str | None = None,
-                 ddl: str | None = None) -> str:
+    def __call__(
+        self,
+        question: str,
+        db: str | None = None,
+        *,
+        schema: str | None = None,
+        ddl: str | None = None,
+    ) -> str:
         """The SQL for `question` (greedy)."""
         return self.answer(question, db, schema=schema, ddl=ddl).sql
 
-    def answer(self, question: str, db: str | None = None, *, schema: str | None = None,
-               ddl: str | None = None, execute: bool = False, num_samples: int = 1,
-               temperature: float = 0.8, seed: int = 0) -> Answer:
+    def answer(
+        self,
+        question: str,
+        db: str | None = None,
+        *,
+        schema: str | None = None,
+        ddl: str | None = None,
+        execute: bool = False,
+        num_samples: int = 1,
+        temperature: float = 0.8,
+        seed: int = 0,
+    ) -> Answer:
         """The full answer; `execute` runs it on `db` (read-only); `num_samples` > 1 samples
         at `temperature` and votes by execution result (with `execute`) or by SQL text."""
         from sqlrl.prompts import render_prompt
 
-        given = [name for name, value in (("db", db), ("schema", schema), ("ddl", ddl))
-                 if value is not None]
+        given = [
+            name
+            for name, value in (("db", db), ("schema", schema), ("ddl", ddl))
+            if value is not None
+        ]
         if len(given) != 1:
             raise ValueError(f"give exactly one of db, schema or ddl (got {given or 'none'})")
         if execute and db is None:
@@ -103,7 +147,11 @@ class TextToSQL:
         else:
             texts = self.generator.generate([prompt])
         known = self.prompts.schema(db_id=db, ddl=ddl) if self.settings.schema_repair else None
-        run = ((lambda sqls: [self.executor.execute(db_path, sql) for sql in sqls])
-               if db_path is not None else None)
-        return finish_answer(texts, schema=known, question=question,
-                             repair=self.settings.schema_repair, execute=run)
+        run = (
+            (lambda sqls: [self.executor.execute(db_path, sql) for sql in sqls])
+            if db_path is not None
+            else None
+        )
+        return finish_answer(
+            texts, schema=known, question=question, repair=self.settings.schema_repair, execute=run
+        )

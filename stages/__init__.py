@@ -2,6 +2,7 @@
 
 Every stage runs through `run_stage`: one process at a time per stage and workspace, and the
 input errors the pipeline knows end as one line naming their cause and exit code 1."""
+
 from __future__ import annotations
 
 import os
@@ -9,7 +10,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-LOCK_DIR = Path(".dvc/tmp/stage-locks")   # git-ignored; in the workspace DVC runs the stage in
+LOCK_DIR = Path(".dvc/tmp/stage-locks")  # git-ignored; in the workspace DVC runs the stage in
 
 
 class StageBusyError(RuntimeError):
@@ -32,7 +33,8 @@ def stage_lock(name: str, lock_dir: Path = LOCK_DIR):
         handle.close()
         raise StageBusyError(
             f"another process (pid {holder}) is running this stage on the same outputs; "
-            f"wait for it or stop it (kill {holder}), then run again") from None
+            f"wait for it or stop it (kill {holder}), then run again"
+        ) from None
     handle.seek(0)
     handle.truncate()
     handle.write(str(os.getpid()))

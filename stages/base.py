@@ -3,6 +3,7 @@
 Hub profile: resolve the pinned model in transformers' hub cache, record it in base.json.
 CPU profile: train a tokenizer on data/prepared/sft.jsonl and build a Qwen2 model from params.
 """
+
 from __future__ import annotations
 
 import os
@@ -12,8 +13,8 @@ import time
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 from sqlrl.metrics import write_metrics  # noqa: E402
-from sqlrl.modeling import BaseModelError, build_base  # noqa: E402
-from sqlrl.params import ParamsError, load_params  # noqa: E402
+from sqlrl.modeling import build_base  # noqa: E402
+from sqlrl.params import load_params  # noqa: E402
 from stages import run_stage  # noqa: E402
 
 SFT_DATA = "data/prepared/sft.jsonl"
@@ -22,12 +23,8 @@ OUT_DIR = "models/base"
 
 def main() -> int:
     start = time.perf_counter()
-    try:
-        params = load_params()
-        record = build_base(params.base, params.seed, SFT_DATA, OUT_DIR)
-    except (ParamsError, BaseModelError) as exc:
-        print(f"base: {exc}", file=sys.stderr)
-        return 1
+    params = load_params()
+    record = build_base(params.base, params.seed, SFT_DATA, OUT_DIR)
     metrics = {**record, "wall_seconds": round(time.perf_counter() - start, 1)}
     write_metrics("metrics/base.json", metrics)
     print(f"base: {record['source']} model, {record['n_params']:,} parameters -> {OUT_DIR}")

@@ -6,6 +6,7 @@ metrics/eval_<name>.json, data/predictions/<name>.jsonl and data/predictions/<na
 With --baseline, metrics/eval_<name>.json also gets `vs_<baseline>`: the paired bootstrap 95%
 interval of the EX difference against that model's predictions, per split.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,11 +19,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from sqlrl.compare import compare_predictions  # noqa: E402
 from sqlrl.evaluate import evaluate_model  # noqa: E402
-from sqlrl.jsonio import read_jsonl, write_jsonl  # noqa: E402
 from sqlrl.hardware import set_torch_threads  # noqa: E402
+from sqlrl.jsonio import read_jsonl, write_jsonl  # noqa: E402
 from sqlrl.metrics import write_metrics  # noqa: E402
-from sqlrl.modeling import BaseModelError  # noqa: E402
-from sqlrl.params import ParamsError, load_params  # noqa: E402
+from sqlrl.params import load_params  # noqa: E402
 from sqlrl.paths import REPO_ROOT  # noqa: E402
 from stages import run_stage  # noqa: E402
 
@@ -35,21 +35,25 @@ def main(argv: list[str], root: Path = REPO_ROOT) -> int:
     if len(argv) == 3 and argv[1] == "--baseline":
         argv, baseline = argv[:1], argv[2]
     if len(argv) != 1 or not argv[0] or "/" in argv[0] or "/" in (baseline or ""):
-        print("usage: python -m stages.evaluate NAME [--baseline OTHER]   (evaluates "
-              "models/NAME, compared with OTHER's predictions)", file=sys.stderr)
+        print(
+            "usage: python -m stages.evaluate NAME [--baseline OTHER]   (evaluates "
+            "models/NAME, compared with OTHER's predictions)",
+            file=sys.stderr,
+        )
         return 2
     name, root = argv[0], Path(root)
     model_dir = root / "models" / name
     if not model_dir.is_dir():
-        print(f"evaluate: {model_dir} does not exist (run `dvc repro {name}` first)",
-              file=sys.stderr)
+        print(
+            f"evaluate: {model_dir} does not exist (run `dvc repro {name}` first)", file=sys.stderr
+        )
         return 1
     try:
         params = load_params(root / "params.yaml")
         set_torch_threads(params.torch_threads)
         splits = {split: root / path for split, path in SPLITS.items()}
         metrics, predictions = evaluate_model(model_dir, params.eval, params.seed, splits)
-    except (ParamsError, BaseModelError, FileNotFoundError) as exc:
+    except FileNotFoundError as exc:  # the others are PipelineErrors: run_stage reports them
         print(f"evaluate: {exc}", file=sys.stderr)
         return 1
     out = root / "data" / "predictions"
@@ -62,15 +66,19 @@ def main(argv: list[str], root: Path = REPO_ROOT) -> int:
     write_jsonl(out / f"{name}.jsonl", predictions["dev"])
     write_jsonl(out / f"{name}_heldout.jsonl", predictions.get("heldout", []))
     write_metrics(root / "metrics" / f"eval_{name}.json", metrics)
-    line = (f"evaluate@{name}: dev EX {_pct(metrics['ex'])} (non-trivial gold "
-            f"{_pct(metrics['ex_nontrivial'])}) EM {_pct(metrics['em'])} "
-            f"on {metrics['n']} ({metrics['skipped']} skipped; EX with skipped as wrong "
-            f"{_pct(metrics['ex_all'])} of {metrics['n'] + metrics['skipped']}), "
-            f"{metrics['examples_per_second']} examples/s")
+    line = (
+        f"evaluate@{name}: dev EX {_pct(metrics['ex'])} (non-trivial gold "
+        f"{_pct(metrics['ex_nontrivial'])}) EM {_pct(metrics['em'])} "
+        f"on {metrics['n']} ({metrics['skipped']} skipped; EX with skipped as wrong "
+        f"{_pct(metrics['ex_all'])} of {metrics['n'] + metrics['skipped']}), "
+        f"{metrics['examples_per_second']} examples/s"
+    )
     if "heldout" in metrics:
         held = metrics["heldout"]
-        line += (f"; held-out EX {_pct(held['ex'])} (non-trivial gold "
-                 f"{_pct(held['ex_nontrivial'])}) EM {_pct(held['em'])} on {held['n']}")
+        line += (
+            f"; held-out EX {_pct(held['ex'])} (non-trivial gold "
+            f"{_pct(held['ex_nontrivial'])}) EM {_pct(held['em'])} on {held['n']}"
+        )
     print(line)
     return 0
 

@@ -1,5 +1,6 @@
 """DVC stage `grpo`: models/sft + data/grpo_prompts.jsonl -> models/grpo_adapter (LoRA),
 metrics/grpo.json and the reward/loss curves in dvclive/grpo/."""
+
 from __future__ import annotations
 
 import sys
@@ -16,8 +17,15 @@ SFT_DIR = "models/sft"
 def main() -> int:
     params = load_params()
     rows = read_jsonl(PROMPTS_PATH, ROW_KEYS)
-    metrics = train_grpo(params.grpo, params.seed, SFT_DIR, rows, "models/grpo_adapter",
-                         reward_functions(params.grpo), torch_threads=params.torch_threads)
+    metrics = train_grpo(
+        params.grpo,
+        params.seed,
+        SFT_DIR,
+        rows,
+        "models/grpo_adapter",
+        reward_functions(params.grpo),
+        torch_threads=params.torch_threads,
+    )
     metrics["train_prompts"] = len(rows)  # what each filter dropped: metrics/grpo_prompts.json
     write_metrics("metrics/grpo.json", metrics)
     return 0

@@ -8,17 +8,17 @@ vLLM when grpo.use_vllm is set and vLLM is installed, else transformers on the G
 is one, in the model's dtype; grpo.batch_size prompts a batch, grpo.max_completion_length
 tokens, grpo.temperature, with nothing taken from the model's generation_config.json.
 """
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
 from sqlrl.executor import SQLExecutor
-from sqlrl.grpo import (PROMPTS_PATH, ROW_KEYS, reward_functions, sampled_pass_rates,
-                        select_prompts)
+from sqlrl.grpo import PROMPTS_PATH, ROW_KEYS, reward_functions, sampled_pass_rates, select_prompts
+from sqlrl.hardware import set_torch_threads
 from sqlrl.jsonio import read_jsonl, write_jsonl
 from sqlrl.metrics import write_metrics
-from sqlrl.hardware import set_torch_threads
 from sqlrl.params import GrpoParams, load_params
 from sqlrl.paths import REPO_ROOT
 from stages import run_stage
@@ -30,13 +30,20 @@ def pass_rate_generator(model_dir: str | Path, grpo: GrpoParams, seed: int):
     """(generator, tokenizer) that samples `model_dir` for the pass rates, as grpo asks.
     A batch holds grpo.batch_size completions (batch_size / samples prompts), as a GRPO step
     does: with transformers a batch runs until its longest sample ends, so smaller batches waste
-    less (default model, 64 prompts x 8 samples: 32 prompts a batch 1.36 s/prompt, 8 0.55, 2 0.37)."""
+    less (default model, 64 prompts x 8 samples: 32 prompts a batch 1.36 s/prompt, 8 0.55,
+    2 0.37)."""
     from sqlrl.generate import make_generator
 
     prompts_per_batch = max(1, grpo.batch_size // grpo.pass_rate_filter.samples)
-    return make_generator(model_dir, use_vllm=grpo.use_vllm, batch_size=prompts_per_batch,
-                          max_new_tokens=grpo.max_completion_length, seed=seed,
-                          desc="pass rate", setting="grpo.use_vllm")
+    return make_generator(
+        model_dir,
+        use_vllm=grpo.use_vllm,
+        batch_size=prompts_per_batch,
+        max_new_tokens=grpo.max_completion_length,
+        seed=seed,
+        desc="pass rate",
+        setting="grpo.use_vllm",
+    )
 
 
 def main(root: Path = REPO_ROOT) -> int:
@@ -49,13 +56,22 @@ def main(root: Path = REPO_ROOT) -> int:
 
     def pass_rates(rows):
         generator, tokenizer = pass_rate_generator(root / SFT_DIR, grpo, params.seed)
-        return sampled_pass_rates(rows, generator, tokenizer, grpo.pass_rate_filter.samples,
-                                  grpo.temperature, params.seed, execution_reward)
+        return sampled_pass_rates(
+            rows,
+            generator,
+            tokenizer,
+            grpo.pass_rate_filter.samples,
+            grpo.temperature,
+            params.seed,
+            execution_reward,
+        )
 
     rows = read_jsonl(root / "data/prepared/grpo.jsonl", ROW_KEYS)
     selected, stats = select_prompts(rows, grpo, params.seed, SQLExecutor(), pass_rates)
-    print(f"grpo_prompts: {stats.kept} of {stats.candidates} prompts kept {stats.as_metrics()}",
-          file=sys.stderr)
+    print(
+        f"grpo_prompts: {stats.kept} of {stats.candidates} prompts kept {stats.as_metrics()}",
+        file=sys.stderr,
+    )
     write_jsonl(root / PROMPTS_PATH, selected)
     write_metrics(root / "metrics/grpo_prompts.json", stats.as_metrics())
     return 0

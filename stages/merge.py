@@ -1,4 +1,5 @@
 """DVC stage `merge`: models/sft + models/grpo_adapter -> models/final (plain safetensors)."""
+
 from __future__ import annotations
 
 import sys

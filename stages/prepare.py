@@ -1,28 +1,26 @@
 """DVC stage `prepare`: Spider release -> data/prepared/*.jsonl and metrics/prepare.json."""
+
 from __future__ import annotations
 
 import sys
 
 from sqlrl.metrics import write_metrics
-from sqlrl.params import ParamsError, load_params
+from sqlrl.params import load_params
 from sqlrl.prepare import prepare
-from sqlrl.spider import SpiderDataError
 from stages import run_stage
 
 
 def main() -> int:
-    try:
-        params = load_params()
-        metrics = prepare(params.prepare, params.seed)
-    except (ParamsError, SpiderDataError) as exc:
-        print(f"prepare: {exc}", file=sys.stderr)
-        return 1
+    params = load_params()
+    metrics = prepare(params.prepare, params.seed)
     write_metrics("metrics/prepare.json", metrics)
     train, dev = metrics["train"], metrics["dev"]
-    print(f"prepare: {train['sft']} training examples, {train['heldout']} held out, "
-          f"{dev['examples']} dev; skipped (database absent): {train['skipped_db_absent']} "
-          f"train {train['absent_databases']}, {dev['skipped_db_absent']} dev "
-          f"{dev['absent_databases']}")
+    print(
+        f"prepare: {train['sft']} training examples, {train['heldout']} held out, "
+        f"{dev['examples']} dev; skipped (database absent): {train['skipped_db_absent']} "
+        f"train {train['absent_databases']}, {dev['skipped_db_absent']} dev "
+        f"{dev['absent_databases']}"
+    )
     return 0
 
 

@@ -1,7 +1,8 @@
 """Publish models/final to the Hugging Face Hub (not a DVC stage: it has side effects).
 
-    python -m stages.publish --repo-id ORG/NAME [--dry-run] [--out publish/] [--public]
+python -m stages.publish --repo-id ORG/NAME [--dry-run] [--out publish/] [--public]
 """
+
 from __future__ import annotations
 
 import argparse

@@ -1,5 +1,6 @@
 """DVC stage `sft`: models/base + data/prepared/sft.jsonl -> models/sft, metrics/sft.json,
 and the training curves in dvclive/sft/plots/metrics."""
+
 from __future__ import annotations
 
 import os
@@ -9,28 +10,31 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
 from sqlrl.metrics import write_metrics  # noqa: E402
-from sqlrl.modeling import BaseModelError  # noqa: E402
-from sqlrl.params import ParamsError, load_params  # noqa: E402
+from sqlrl.params import load_params  # noqa: E402
 from sqlrl.prompt_settings import write_prompt_settings  # noqa: E402
-from sqlrl.sft import SftDataError, train_sft  # noqa: E402
+from sqlrl.sft import train_sft  # noqa: E402
 from stages import run_stage  # noqa: E402
 
 
 def main() -> int:
-    try:
-        params = load_params()
-        metrics = train_sft(params.sft, params.seed, "models/base", "data/prepared/sft.jsonl",
-                            "models/sft", torch_threads=params.torch_threads)
-        # the prompts this model was trained on, for the server (never the workspace's params)
-        write_prompt_settings("models/sft", params.prepare, params.eval.schema_repair)
-    except (ParamsError, BaseModelError, SftDataError) as exc:
-        print(f"sft: {exc}", file=sys.stderr)
-        return 1
+    params = load_params()
+    metrics = train_sft(
+        params.sft,
+        params.seed,
+        "models/base",
+        "data/prepared/sft.jsonl",
+        "models/sft",
+        torch_threads=params.torch_threads,
+    )
+    # the prompts this model was trained on, for the server (never the workspace's params)
+    write_prompt_settings("models/sft", params.prepare, params.eval.schema_repair)
     write_metrics("metrics/sft.json", metrics)
-    print(f"sft: {metrics['rows_trained']} of {metrics['examples']} rows trained (none cut), "
-          f"{metrics['steps']} steps, final loss {metrics['final_loss']}, "
-          f"{metrics['wall_seconds']} s, {metrics['tokens_per_second']} tokens/s "
-          f"({'bf16' if metrics['bf16'] else 'fp32'}: {metrics['bf16_reason']}) -> models/sft")
+    print(
+        f"sft: {metrics['rows_trained']} of {metrics['examples']} rows trained (none cut), "
+        f"{metrics['steps']} steps, final loss {metrics['final_loss']}, "
+        f"{metrics['wall_seconds']} s, {metrics['tokens_per_second']} tokens/s "
+        f"({'bf16' if metrics['bf16'] else 'fp32'}: {metrics['bf16_reason']}) -> models/sft"
+    )
     return 0
 
 

@@ -1,4 +1,5 @@
 """Shared fixtures. Spider comes from the DVC remote (`dvc pull`); tests never download anything."""
+
 from __future__ import annotations
 
 import os
@@ -29,15 +30,21 @@ def make_smoke_repo(repo, profile: str = "smoke"):
     Spider is pulled from the shared DVC remote like a newcomer would; the profile is chosen
     with `dvc exp run -S profile=...`, which composes params.yaml from conf/ through Hydra.
     """
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=REPO_ROOT,
-                           capture_output=True, text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     for name in files:
         if (REPO_ROOT / name).is_file():
             (repo / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO_ROOT / name, repo / name)
     for generated in ("dvc.lock", "metrics", "data/predictions", "dvclive"):
-        shutil.rmtree(repo / generated, ignore_errors=True) if (repo / generated).is_dir() \
-            else (repo / generated).unlink(missing_ok=True)
+        shutil.rmtree(repo / generated, ignore_errors=True) if (repo / generated).is_dir() else (
+            repo / generated
+        ).unlink(missing_ok=True)
     run_cli(["git", "init", "-q"], repo)
     # a repo-local identity: `dvc exp run` commits, and a fresh CI machine may have none
     run_cli(["git", "config", "user.name", "sql-rl-pipeline tests"], repo)
@@ -76,6 +83,7 @@ def prepared_dir(spider_dir, tmp_path_factory):
     (root / "data" / "raw" / "spider").symlink_to(spider_dir)
     params = load_params()
     prepare_params = dataclasses.replace(
-        params.prepare, augment=dataclasses.replace(params.prepare.augment, copies=0))
+        params.prepare, augment=dataclasses.replace(params.prepare.augment, copies=0)
+    )
     prepare(prepare_params, params.seed, root=root)
     return root / "data" / "prepared"

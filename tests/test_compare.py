@@ -1,4 +1,5 @@
 """The paired bootstrap that says whether GRPO beat SFT on the same questions."""
+
 from __future__ import annotations
 
 import pytest
@@ -42,9 +43,15 @@ def test_prediction_files_must_ask_the_same_questions():
 def test_the_comparison_is_repeated_without_trivial_gold_questions():
     from sqlrl.compare import compare_predictions
 
-    rows = lambda exs, trivial: [{"question": f"q{i}", "db_id": "d", "ex": e,  # noqa: E731
-                                  **({"gold_trivial": True} if i in trivial else {})}
-                                 for i, e in enumerate(exs)]
+    rows = lambda exs, trivial: [
+        {
+            "question": f"q{i}",
+            "db_id": "d",
+            "ex": e,  # noqa: E731
+            **({"gold_trivial": True} if i in trivial else {}),
+        }
+        for i, e in enumerate(exs)
+    ]
     base = rows([0] * 40, trivial=set(range(20)))
     cand = rows([1] * 20 + [0] * 20, trivial=set(range(20)))  # wins only on trivial golds
     result = compare_predictions(base, cand, seed=0)

@@ -1,5 +1,6 @@
 """Every DVC stage depends on the repo code it imports (its import closure, imports inside
 functions included), so `dvc repro` cannot call a stage up to date after a change it runs."""
+
 from __future__ import annotations
 
 import ast
@@ -34,7 +35,7 @@ def _imported_names(path: Path, module: str) -> list[str]:
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             parts = package.split(".")
-            base = ".".join(parts[:len(parts) - node.level + 1]) if node.level else ""
+            base = ".".join(parts[: len(parts) - node.level + 1]) if node.level else ""
             source = ".".join(p for p in (base, node.module or "") if p)
             names.append(source)
             names += [f"{source}.{alias.name}" for alias in node.names]  # submodules

@@ -1,4 +1,5 @@
 """Result equality (test-suite semantics) and execution-match verdicts on real Spider data."""
+
 from __future__ import annotations
 
 import random
@@ -8,8 +9,8 @@ import pytest
 from sqlrl.equality import normalize_sql, order_matters, results_match
 from sqlrl.rewards import Judge
 
-
 # ----------------------------------------------------------------------------- results_match
+
 
 def test_rows_are_multisets_when_order_does_not_matter():
     gold = [(1, "a"), (2, "b"), (2, "b")]
@@ -47,11 +48,11 @@ def test_empty_results_and_shape_mismatches():
 
 
 def test_values_compare_exactly_as_sqlite_returns_them():
-    assert results_match([(1,)], [(1.0,)], ordered=False)          # the same number
+    assert results_match([(1,)], [(1.0,)], ordered=False)  # the same number
     assert not results_match([(0.3,)], [(0.1 + 0.2,)], ordered=False)  # no tolerance
-    assert not results_match([("1",)], [(1,)], ordered=False)      # text is not a number
+    assert not results_match([("1",)], [(1,)], ordered=False)  # text is not a number
     assert results_match([(None, 1)], [(1, None)], ordered=False)  # NULL equals NULL
-    assert not results_match([(b"a",)], [("a",)], ordered=False)   # blob is not text
+    assert not results_match([(b"a",)], [("a",)], ordered=False)  # blob is not text
 
 
 def test_wide_results_with_look_alike_columns_are_decided():
@@ -71,6 +72,7 @@ def test_wide_results_with_look_alike_columns_are_decided():
 
 # ----------------------------------------------------------------------------- the SQL side
 
+
 def test_order_matters_only_when_gold_has_order_by():
     assert order_matters("SELECT a FROM t ORDER BY a")
     assert order_matters("select a from t order\n  by a desc")
@@ -86,8 +88,10 @@ def test_distinct_is_removed_everywhere_unless_kept():
 
 
 def test_split_comparison_operators_are_joined_outside_literals():
-    assert normalize_sql("SELECT a FROM t WHERE b > = 3 AND c < = 4 AND d ! = 5") == \
-        "SELECT a FROM t WHERE b >= 3 AND c <= 4 AND d != 5"
+    assert (
+        normalize_sql("SELECT a FROM t WHERE b > = 3 AND c < = 4 AND d ! = 5")
+        == "SELECT a FROM t WHERE b >= 3 AND c <= 4 AND d != 5"
+    )
     assert normalize_sql("SELECT a FROM t WHERE b = '> ='") == "SELECT a FROM t WHERE b = '> ='"
 
 
@@ -102,6 +106,7 @@ def test_untokenizable_text_is_unchanged():
 
 # ----------------------------------------------------------------------------- on Spider
 
+
 @pytest.fixture(scope="module")
 def judge():
     return Judge()
@@ -115,32 +120,70 @@ SINGERS_BY_AGE = "SELECT name , country , age FROM singer ORDER BY age DESC"
 CASES = [
     # (db_id, gold, prediction, match?)
     ("concert_singer", SINGERS_BY_AGE, SINGERS_BY_AGE, True),
-    ("concert_singer", SINGERS_BY_AGE,
-     "SELECT age, name, country FROM singer ORDER BY age DESC", True),
-    ("concert_singer", SINGERS_BY_AGE, "SELECT name, country, age FROM singer ORDER BY age ASC",
-     False),
+    (
+        "concert_singer",
+        SINGERS_BY_AGE,
+        "SELECT age, name, country FROM singer ORDER BY age DESC",
+        True,
+    ),
+    (
+        "concert_singer",
+        SINGERS_BY_AGE,
+        "SELECT name, country, age FROM singer ORDER BY age ASC",
+        False,
+    ),
     ("concert_singer", SINGERS_BY_AGE, "SELECT name, country, age FROM singer", False),
-    ("concert_singer", "SELECT name FROM singer", "SELECT name FROM singer ORDER BY name DESC",
-     True),
+    (
+        "concert_singer",
+        "SELECT name FROM singer",
+        "SELECT name FROM singer ORDER BY name DESC",
+        True,
+    ),
     ("concert_singer", "SELECT name FROM singer", "SELECT name, age FROM singer", False),
-    ("concert_singer", "SELECT song_name , song_release_year FROM singer ORDER BY age LIMIT 1",
-     "SELECT song_name, song_release_year FROM singer ORDER BY age LIMIT 2", False),
-    ("concert_singer", "SELECT song_name , song_release_year FROM singer ORDER BY age LIMIT 1",
-     "SELECT song_name, song_release_year FROM singer WHERE age = (SELECT min(age) FROM singer)",
-     True),
-    ("concert_singer", "SELECT DISTINCT country FROM singer WHERE age > 20",
-     "SELECT DISTINCT country FROM singer WHERE age > 40", False),
-    ("concert_singer", "SELECT count(*) FROM singer WHERE country = 'France'",
-     "SELECT count(*) FROM singer WHERE country = 'Netherlands'", False),
+    (
+        "concert_singer",
+        "SELECT song_name , song_release_year FROM singer ORDER BY age LIMIT 1",
+        "SELECT song_name, song_release_year FROM singer ORDER BY age LIMIT 2",
+        False,
+    ),
+    (
+        "concert_singer",
+        "SELECT song_name , song_release_year FROM singer ORDER BY age LIMIT 1",
+        "SELECT song_name, song_release_year FROM singer WHERE age = (SELECT min(age) FROM singer)",
+        True,
+    ),
+    (
+        "concert_singer",
+        "SELECT DISTINCT country FROM singer WHERE age > 20",
+        "SELECT DISTINCT country FROM singer WHERE age > 40",
+        False,
+    ),
+    (
+        "concert_singer",
+        "SELECT count(*) FROM singer WHERE country = 'France'",
+        "SELECT count(*) FROM singer WHERE country = 'Netherlands'",
+        False,
+    ),
     ("concert_singer", "SELECT count(*) FROM singer", "SELECT count(singer_id) FROM singer", True),
     ("world_1", "SELECT count(*) FROM country", "SELECT count(IndepYear) FROM country", False),
-    ("concert_singer", "SELECT avg(age) FROM singer", "SELECT sum(age) / count(*) FROM singer",
-     True),   # 222 / 6: the integer 37 equals avg's 37.0 (numbers compare by value) ...
-    ("concert_singer", "SELECT avg(age) FROM singer WHERE country = 'France'",
-     "SELECT sum(age) / count(*) FROM singer WHERE country = 'France'",
-     False),  # ... but 138 / 4 is 34 in integer division, not 34.5
-    ("pets_1", "SELECT count(DISTINCT pettype) FROM pets", "SELECT count(pettype) FROM pets",
-     True),   # DISTINCT is removed from both queries, as the test suite does by default
+    (
+        "concert_singer",
+        "SELECT avg(age) FROM singer",
+        "SELECT sum(age) / count(*) FROM singer",
+        True,
+    ),  # 222 / 6: the integer 37 equals avg's 37.0 (numbers compare by value) ...
+    (
+        "concert_singer",
+        "SELECT avg(age) FROM singer WHERE country = 'France'",
+        "SELECT sum(age) / count(*) FROM singer WHERE country = 'France'",
+        False,
+    ),  # ... but 138 / 4 is 34 in integer division, not 34.5
+    (
+        "pets_1",
+        "SELECT count(DISTINCT pettype) FROM pets",
+        "SELECT count(pettype) FROM pets",
+        True,
+    ),  # DISTINCT is removed from both queries, as the test suite does by default
     ("concert_singer", "SELECT DISTINCT country FROM singer", "SELECT country FROM singer", True),
     ("concert_singer", "SELECT count(*) FROM singer", "SELECT count(*) FROM singers", False),
 ]
@@ -155,12 +198,15 @@ def test_execution_match_on_perturbed_queries(spider_dir, judge, db_id, gold, pr
 def test_keep_distinct_compares_distinct_as_written(spider_dir):
     strict = Judge(keep_distinct=True)
     path = db(spider_dir, "concert_singer")
-    assert not strict.judge(path, "SELECT DISTINCT country FROM singer",
-                            "SELECT country FROM singer").match
-    assert not strict.judge(path, "SELECT count(DISTINCT country) FROM singer",
-                            "SELECT count(country) FROM singer").match
-    assert strict.judge(path, "SELECT DISTINCT country FROM singer",
-                        "SELECT country FROM singer GROUP BY country").match
+    assert not strict.judge(
+        path, "SELECT DISTINCT country FROM singer", "SELECT country FROM singer"
+    ).match
+    assert not strict.judge(
+        path, "SELECT count(DISTINCT country) FROM singer", "SELECT count(country) FROM singer"
+    ).match
+    assert strict.judge(
+        path, "SELECT DISTINCT country FROM singer", "SELECT country FROM singer GROUP BY country"
+    ).match
 
 
 def test_judgement_statuses(spider_dir, judge):

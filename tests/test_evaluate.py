@@ -3,6 +3,7 @@
 The model is replaced by fake backends that answer with chosen SQL, so every verdict is known
 in advance; one test runs the real stage on a tiny model.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,14 +22,14 @@ from tests.test_generate import tiny  # noqa: F401  (the tiny-model fixture)
 GOLD_COUNT = "SELECT count(*) FROM singer"
 # dev rows 0-9 (concert_singer) -> (what the fake model says, ex, em, status)
 ANSWERS = {
-    0: ("```sql\nSELECT count(*) FROM singer;\n```", 1, 1, "ok"),       # fenced gold
-    1: ("SELECT count(Singer_ID) FROM singer", 1, 0, "ok"),              # same result, other SQL
-    2: (None, 1, 1, "ok"),                                               # gold as is
+    0: ("```sql\nSELECT count(*) FROM singer;\n```", 1, 1, "ok"),  # fenced gold
+    1: ("SELECT count(Singer_ID) FROM singer", 1, 0, "ok"),  # same result, other SQL
+    2: (None, 1, 1, "ok"),  # gold as is
     3: ("SELECT name, country, age FROM singer ORDER BY age ASC", 0, 0, "ok"),  # wrong order
-    4: ("I do not know.", 0, 0, "error"),                                # garbage
+    4: ("I do not know.", 0, 0, "error"),  # garbage
     5: (None, 1, 1, "ok"),
-    6: ("SELECT nope FROM singer", 0, 0, "error"),                       # no such column
-    7: ("SQL: {gold};", 1, 1, "ok"),                                     # labelled gold
+    6: ("SELECT nope FROM singer", 0, 0, "error"),  # no such column
+    7: ("SQL: {gold};", 1, 1, "ok"),  # labelled gold
     8: ("SELECT DISTINCT country FROM singer WHERE age > 40", 0, 1, "ok"),  # EM ignores values
     9: (None, 1, 1, "ok"),
 }
@@ -95,8 +96,18 @@ def test_evaluate_split_end_to_end_with_known_answers(dev_rows, spider_dir):
         _, ex, em, status = ANSWERS[i]
         assert (p["ex"], p["em"], p["status"]) == (ex, em, status), (i, p)
         assert p["hardness"] == hardness(p["gold"], tables[p["db_id"]])
-        assert {"question", "db_id", "gold", "pred", "ex", "em", "hardness", "status",
-                "error", "output"} <= set(p)
+        assert {
+            "question",
+            "db_id",
+            "gold",
+            "pred",
+            "ex",
+            "em",
+            "hardness",
+            "status",
+            "error",
+            "output",
+        } <= set(p)
     assert scored[0]["pred"] == GOLD_COUNT  # extracted from the fenced answer
     assert scored[4]["error"] and scored[6]["error"]
 
@@ -115,8 +126,7 @@ def test_evaluate_split_end_to_end_with_known_answers(dev_rows, spider_dir):
     assert sum(metrics["errors"].values()) >= 2
 
 
-def test_ex_all_counts_skipped_questions_as_wrong(dev_rows, prepared_dir, spider_dir,
-                                                 tmp_path):
+def test_ex_all_counts_skipped_questions_as_wrong(dev_rows, prepared_dir, spider_dir, tmp_path):
     """ex stays over the questions that could run; ex_all is over every question, as published
     Spider numbers are (dev: all 1,034 questions, wta_1 included), per split and hardness."""
     absent = [r for r in read_jsonl(prepared_dir / "dev.jsonl") if r["db_id"] == "wta_1"]
@@ -125,19 +135,32 @@ def test_ex_all_counts_skipped_questions_as_wrong(dev_rows, prepared_dir, spider
     (tmp_path / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in heldout))
     fake = _fake_for(dev_rows)
     fake.answers.update({_render(r["prompt"]): r["gold"] for r in heldout if r["prompt"]})
-    params = EvalParams(batch_size=4, max_new_tokens=8, use_vllm=False, num_samples=1,
-                        temperature=0.8, schema_repair=False)
-    metrics, preds = evaluate_model("models/x", params, 0, {"dev": tmp_path / "dev.jsonl",
-                                                          "heldout": tmp_path / "heldout.jsonl"},
-                                    generator=fake, render=_render, spider_dir=spider_dir)
+    params = EvalParams(
+        batch_size=4,
+        max_new_tokens=8,
+        use_vllm=False,
+        num_samples=1,
+        temperature=0.8,
+        schema_repair=False,
+    )
+    metrics, preds = evaluate_model(
+        "models/x",
+        params,
+        0,
+        {"dev": tmp_path / "dev.jsonl", "heldout": tmp_path / "heldout.jsonl"},
+        generator=fake,
+        render=_render,
+        spider_dir=spider_dir,
+    )
     # dev: 6 right of the 10 that ran, 2 skipped
     assert (metrics["ex"], metrics["n"], metrics["skipped"]) == (pytest.approx(0.6), 10, ABSENT)
     assert metrics["ex_all"] == pytest.approx(6 / 12, abs=1e-6)
     for level, m in metrics["by_hardness"].items():
         rows = [p for p in preds["dev"] if p["hardness"] == level]
         if rows:
-            assert m["ex_all"] == pytest.approx(sum(p["ex"] or 0 for p in rows) / len(rows),
-                                                abs=1e-6), level
+            assert m["ex_all"] == pytest.approx(
+                sum(p["ex"] or 0 for p in rows) / len(rows), abs=1e-6
+            ), level
             assert m["n"] + m["skipped"] == len(rows)
     assert sum(m["skipped"] for m in metrics["by_hardness"].values()) == ABSENT
     # held-out: all 3 that ran are right, 1 skipped
@@ -164,17 +187,32 @@ def test_self_consistency_votes_by_execution_result(dev_rows, spider_dir):
     samples = {
         # 6 singers: three candidates agree (6), one says 9, one fails -> the first "6" wins;
         # the sixth candidate is beyond num_samples
-        _render(rows[0]["prompt"]): ["SELECT count(*) FROM stadium", "oops", GOLD_COUNT,
-                                     "SELECT count(*) FROM concert", "SELECT 6", "SELECT 9"],
+        _render(rows[0]["prompt"]): [
+            "SELECT count(*) FROM stadium",
+            "oops",
+            GOLD_COUNT,
+            "SELECT count(*) FROM concert",
+            "SELECT 6",
+            "SELECT 9",
+        ],
         # the majority is wrong (a filter that drops singers): voting picks it
-        _render(rows[1]["prompt"]): [rows[1]["gold"]] + [
-            "SELECT name, country, age FROM singer WHERE age > 30"] * 2 + ["x", "y", "z"],
+        _render(rows[1]["prompt"]): [rows[1]["gold"]]
+        + ["SELECT name, country, age FROM singer WHERE age > 30"] * 2
+        + ["x", "y", "z"],
         # nothing runs: the first candidate is kept, with no votes
         _render(rows[3]["prompt"]): ["bad one", "worse", "x", "y", "z", "w"],
     }
     sampler = FakeSampler(samples)
-    metrics, preds = evaluate_split(rows, sampler, _render, num_samples=5, temperature=0.7,
-                                    seed=3, spider_dir=spider_dir, workers=1)
+    metrics, preds = evaluate_split(
+        rows,
+        sampler,
+        _render,
+        num_samples=5,
+        temperature=0.7,
+        seed=3,
+        spider_dir=spider_dir,
+        workers=1,
+    )
     (call,) = sampler.calls
     assert call[1:] == (5, 0.7, 3) and len(call[0]) == 3
     assert [p["pred"] for p in preds] == [GOLD_COUNT, samples[call[0][1]][1], None, "bad one"]
@@ -190,12 +228,13 @@ def test_vote_picks_the_largest_group_and_the_first_on_ties():
     assert vote([ok(((1,),)), ok(((2,),)), ok(((2,),)), bad]) == (1, 2)
     assert vote([bad, ok(((1,), (2,))), ok(((2,), (1,)))]) == (1, 2)  # row order ignored
     assert vote([ok(((1, "a"),)), ok((("a", 1.0),)), ok(((2, "b"),))]) == (0, 2)  # columns too
-    assert vote([ok(((1,),)), ok(((2,),))]) == (0, 1)                # tie: first group
+    assert vote([ok(((1,),)), ok(((2,),))]) == (0, 1)  # tie: first group
     assert vote([bad, bad]) == (0, 0)
 
 
-def test_evaluate_model_heldout_split_and_empty_splits(dev_rows, prepared_dir, spider_dir,
-                                                      tmp_path):
+def test_evaluate_model_heldout_split_and_empty_splits(
+    dev_rows, prepared_dir, spider_dir, tmp_path
+):
     heldout = read_jsonl(prepared_dir / "heldout.jsonl")[:3]
     assert len(heldout) == 3
     (tmp_path / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dev_rows))
@@ -203,23 +242,45 @@ def test_evaluate_model_heldout_split_and_empty_splits(dev_rows, prepared_dir, s
     (tmp_path / "empty.jsonl").write_text("")
     fake = _fake_for(dev_rows)
     fake.answers.update({_render(r["prompt"]): r["gold"] for r in heldout})
-    params = EvalParams(batch_size=4, max_new_tokens=8, use_vllm=False, num_samples=1,
-                        temperature=0.8, schema_repair=False)
-    metrics, preds = evaluate_model("models/x", params, 0, {"dev": tmp_path / "dev.jsonl",
-                                                          "heldout": tmp_path / "heldout.jsonl"},
-                                    generator=fake, render=_render, spider_dir=spider_dir)
+    params = EvalParams(
+        batch_size=4,
+        max_new_tokens=8,
+        use_vllm=False,
+        num_samples=1,
+        temperature=0.8,
+        schema_repair=False,
+    )
+    metrics, preds = evaluate_model(
+        "models/x",
+        params,
+        0,
+        {"dev": tmp_path / "dev.jsonl", "heldout": tmp_path / "heldout.jsonl"},
+        generator=fake,
+        render=_render,
+        spider_dir=spider_dir,
+    )
     assert metrics["ex"] == pytest.approx(0.6) and metrics["n"] == 10
     assert metrics["heldout"]["ex"] == 1.0 and metrics["heldout"]["n"] == len(heldout)
     assert [p["pred"] for p in preds["heldout"]] == [r["gold"] for r in heldout]
 
-    metrics, preds = evaluate_model("models/x", params, 0, {"dev": tmp_path / "dev.jsonl",
-                                                          "heldout": tmp_path / "empty.jsonl"},
-                                    generator=fake, render=_render, spider_dir=spider_dir)
+    metrics, preds = evaluate_model(
+        "models/x",
+        params,
+        0,
+        {"dev": tmp_path / "dev.jsonl", "heldout": tmp_path / "empty.jsonl"},
+        generator=fake,
+        render=_render,
+        spider_dir=spider_dir,
+    )
     assert "heldout" not in metrics and preds["heldout"] == []
 
 
-def test_stage_writes_metrics_and_predictions_with_a_tiny_model(tiny, prepared_dir,  # noqa: F811
-                                                                 tmp_path, capsys):
+def test_stage_writes_metrics_and_predictions_with_a_tiny_model(
+    tiny,  # noqa: F811
+    prepared_dir,
+    tmp_path,
+    capsys,
+):
     from stages.evaluate import main
 
     _, _, model_path = tiny
@@ -230,8 +291,9 @@ def test_stage_writes_metrics_and_predictions_with_a_tiny_model(tiny, prepared_d
     (prepared / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dev))
     (prepared / "heldout.jsonl").write_text("")
     shutil.copytree(model_path, tmp_path / "models" / "tiny")
-    params = (REPO_ROOT / "params.yaml").read_text().replace("max_new_tokens: 128",
-                                                              "max_new_tokens: 6")
+    params = (
+        (REPO_ROOT / "params.yaml").read_text().replace("max_new_tokens: 128", "max_new_tokens: 6")
+    )
     (tmp_path / "params.yaml").write_text(params)
 
     assert main(["tiny"], root=tmp_path) == 0
@@ -252,12 +314,21 @@ def test_stage_writes_metrics_and_predictions_with_a_tiny_model(tiny, prepared_d
 def test_only_absent_databases_loads_no_model(dev_rows, spider_dir, tmp_path):
     absent = [r for r in dev_rows if r["prompt"] is None]
     (tmp_path / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in absent))
-    params = EvalParams(batch_size=4, max_new_tokens=8, use_vllm=False, num_samples=1,
-                        temperature=0.8, schema_repair=False)
-    metrics, preds = evaluate_model(tmp_path / "no-such-model", params, 0,
-                                    {"dev": tmp_path / "dev.jsonl",
-                                     "heldout": tmp_path / "missing.jsonl"},
-                                    spider_dir=spider_dir)
+    params = EvalParams(
+        batch_size=4,
+        max_new_tokens=8,
+        use_vllm=False,
+        num_samples=1,
+        temperature=0.8,
+        schema_repair=False,
+    )
+    metrics, preds = evaluate_model(
+        tmp_path / "no-such-model",
+        params,
+        0,
+        {"dev": tmp_path / "dev.jsonl", "heldout": tmp_path / "missing.jsonl"},
+        spider_dir=spider_dir,
+    )
     assert (metrics["n"], metrics["skipped"], metrics["ex"]) == (0, ABSENT, None)
     assert metrics["ex_all"] == 0.0  # every question counted, none answered
     assert metrics["executable"] is None and "heldout" not in metrics
@@ -277,13 +348,33 @@ def test_a_damaged_database_is_an_error_naming_it_not_a_zero(dev_rows, spider_di
     damaged = copy / "database" / "concert_singer" / "concert_singer.sqlite"
     damaged.write_bytes(b"SQLite format 3\x00" + b"\x07" * 4096)
     rows = [r for r in dev_rows if r["db_id"] == "concert_singer"]
-    params = EvalParams(batch_size=4, max_new_tokens=8, use_vllm=False, num_samples=1,
-                        temperature=0.8, schema_repair=False)
+    params = EvalParams(
+        batch_size=4,
+        max_new_tokens=8,
+        use_vllm=False,
+        num_samples=1,
+        temperature=0.8,
+        schema_repair=False,
+    )
     (tmp_path / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(DatabaseFileError, match=str(damaged)):
-        evaluate_model("models/x", params, 0, {"dev": tmp_path / "dev.jsonl"},
-                       generator=_fake_for(rows), render=_render, spider_dir=copy)
+        evaluate_model(
+            "models/x",
+            params,
+            0,
+            {"dev": tmp_path / "dev.jsonl"},
+            generator=_fake_for(rows),
+            render=_render,
+            spider_dir=copy,
+        )
     damaged.write_bytes(b"not a database at all")
     with pytest.raises(DatabaseFileError, match="cannot be read"):
-        evaluate_model("models/x", params, 0, {"dev": tmp_path / "dev.jsonl"},
-                       generator=_fake_for(rows), render=_render, spider_dir=copy)
+        evaluate_model(
+            "models/x",
+            params,
+            0,
+            {"dev": tmp_path / "dev.jsonl"},
+            generator=_fake_for(rows),
+            render=_render,
+            spider_dir=copy,
+        )

@@ -1,4 +1,5 @@
 """The executor: read-only, bounded, a verdict for everything, and the file system untouched."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,10 @@ from sqlrl.executor import ExecLimits, SQLExecutor, Verdict, execute
 from sqlrl.paths import REPO_ROOT
 
 RUNAWAY = "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) SELECT count(*) FROM r"
-CARTESIAN = ("SELECT count(*) FROM singer a, singer b, singer c, singer d, singer e, singer f, "
-             "singer g, singer h, singer i, singer j, singer k")
+CARTESIAN = (
+    "SELECT count(*) FROM singer a, singer b, singer c, singer d, singer e, singer f, "
+    "singer g, singer h, singer i, singer j, singer k"
+)
 
 
 @pytest.fixture
@@ -33,27 +36,37 @@ def db(spider_dir, tmp_path) -> Path:
 
 def snapshot(folder: Path) -> dict:
     """Every file under `folder` with its bytes and modification time."""
-    return {p.relative_to(folder): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_a_query_gives_its_rows_and_columns(db):
     verdict = execute(db, "SELECT name, age FROM singer WHERE age > 40 ORDER BY age")
-    assert verdict == Verdict("ok", rows=(("Rose White", 41), ("John Nizinik", 43),
-                                          ("Joe Sharp", 52)), columns=("Name", "Age"))
+    assert verdict == Verdict(
+        "ok",
+        rows=(("Rose White", 41), ("John Nizinik", 43), ("Joe Sharp", 52)),
+        columns=("Name", "Age"),
+    )
     assert verdict.ok
 
 
 def test_trailing_semicolons_and_comments_are_fine(db):
-    for sql in ["SELECT count(*) FROM singer;", "SELECT count(*) FROM singer; -- done",
-                "/* count */ SELECT count(*) FROM singer /* all */ ;",
-                "SELECT count(*) -- how many\nFROM singer"]:
+    for sql in [
+        "SELECT count(*) FROM singer;",
+        "SELECT count(*) FROM singer; -- done",
+        "/* count */ SELECT count(*) FROM singer /* all */ ;",
+        "SELECT count(*) -- how many\nFROM singer",
+    ]:
         assert execute(db, sql).rows == ((6,),), sql
 
 
 def test_relative_paths_are_read_against_the_repo_root(spider_dir):
-    relative = (spider_dir / "database" / "concert_singer" / "concert_singer.sqlite") \
-        .relative_to(REPO_ROOT)
+    relative = (spider_dir / "database" / "concert_singer" / "concert_singer.sqlite").relative_to(
+        REPO_ROOT
+    )
     assert execute(relative, "SELECT count(*) FROM singer").rows == ((6,),)
 
 
@@ -115,13 +128,12 @@ BAD_SQL = {
     "huge blob": "SELECT zeroblob(2e9)",
     "huge string": "SELECT replace(hex(zeroblob(60000)), '0', '00')",
     "too many rows": "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r "
-                     "WHERE i < 200000) SELECT i FROM r",
+    "WHERE i < 200000) SELECT i FROM r",
 }
 
 
 @pytest.mark.parametrize("name", BAD_SQL)
-def test_bad_sql_is_a_verdict_with_a_reason_and_changes_nothing(db, name, tmp_path,
-                                                                monkeypatch):
+def test_bad_sql_is_a_verdict_with_a_reason_and_changes_nothing(db, name, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # where relative names like 'x.db' would land
     folder = db.parent
     before = snapshot(folder)
@@ -145,15 +157,20 @@ def test_attach_and_vacuum_into_create_no_file_anywhere(db, tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == ["db"]
 
 
-@pytest.mark.parametrize("sql", [RUNAWAY, CARTESIAN,
-                                 CARTESIAN.replace("count(*)", "*") + " ORDER BY random()"])
+@pytest.mark.parametrize(
+    "sql", [RUNAWAY, CARTESIAN, CARTESIAN.replace("count(*)", "*") + " ORDER BY random()"]
+)
 def test_runaway_queries_time_out_within_the_limit(db, sql):
     executor = SQLExecutor(ExecLimits(timeout_s=0.5))
     start = time.monotonic()
     verdict = executor.execute(db, sql)
     # a sort in memory may fill SQLite's heap limit before the deadline: an error, as soon
-    assert verdict.status == "timeout" and "0.5 s" in verdict.error or \
-        verdict.status == "error" and "out of memory" in verdict.error
+    assert (
+        verdict.status == "timeout"
+        and "0.5 s" in verdict.error
+        or verdict.status == "error"
+        and "out of memory" in verdict.error
+    )
     assert time.monotonic() - start < 3.0
     assert executor.execute(db, "SELECT count(*) FROM singer").rows == ((6,),)  # still usable
 
@@ -163,8 +180,12 @@ def test_row_and_value_caps_are_errors(db):
     assert "more than 5 rows" in executor.execute(db, "SELECT * FROM singer").error
     assert executor.execute(db, "SELECT * FROM singer LIMIT 5").ok
     assert "too big" in executor.execute(db, "SELECT zeroblob(2000)").error
-    assert "characters" in SQLExecutor(ExecLimits(max_sql_chars=10)).execute(
-        db, "SELECT count(*) FROM singer").error
+    assert (
+        "characters"
+        in SQLExecutor(ExecLimits(max_sql_chars=10))
+        .execute(db, "SELECT count(*) FROM singer")
+        .error
+    )
 
 
 def test_gold_results_are_cached_per_database_and_sql(db):
@@ -179,8 +200,9 @@ def test_text_that_is_not_utf8_is_read_without_crashing(tmp_path):
     path = tmp_path / "latin.sqlite"
     with sqlite3.connect(path) as conn:
         conn.execute("CREATE TABLE t (name text)")
-        conn.executemany("INSERT INTO t VALUES (CAST(? AS TEXT))",
-                         [(b"caf\xe9",), (b"caf\xe8",), (b"plain",)])
+        conn.executemany(
+            "INSERT INTO t VALUES (CAST(? AS TEXT))", [(b"caf\xe9",), (b"caf\xe8",), (b"plain",)]
+        )
     conn.close()
     verdict = execute(path, "SELECT name FROM t ORDER BY rowid")
     assert verdict.ok
@@ -213,31 +235,41 @@ def _text(chars: int, fill: str = "a") -> str:
 # One row of long values read from a table (so no call is a constant computed once): t, 5k
 # 'a'; p and g, 1,000-character LIKE and GLOB patterns that compare t at every offset; n, a
 # needle memcmp compares in full at every offset; c, a trim set that ends in t's character.
-LONG_ROW = (f"WITH s(t, p, g, n, c) AS (SELECT {_text(5000)} || substr(Name, 1, 0), "
-            f"'%' || {_text(998)} || 'b', '*' || {_text(998)} || 'b', {_text(1000)} || 'b', "
-            f"{_text(800, 'b')} || 'a' FROM singer LIMIT 1) SELECT ")
+LONG_ROW = (
+    f"WITH s(t, p, g, n, c) AS (SELECT {_text(5000)} || substr(Name, 1, 0), "
+    f"'%' || {_text(998)} || 'b', '*' || {_text(998)} || 'b', {_text(1000)} || 'b', "
+    f"{_text(800, 'b')} || 'a' FROM singer LIMIT 1) SELECT "
+)
 # Rows of one text and one 1,000-character pattern: as long as the 10k row limit allows
-LIKE_ROW = (f"WITH s(t, p) AS (SELECT {_text(8900)} || substr(Name, 1, 0), "
-            f"'%' || {_text(998)} || 'b' FROM singer LIMIT 1) SELECT ")
+LIKE_ROW = (
+    f"WITH s(t, p) AS (SELECT {_text(8900)} || substr(Name, 1, 0), "
+    f"'%' || {_text(998)} || 'b' FROM singer LIMIT 1) SELECT "
+)
 GLOB_ROW = LIKE_ROW.replace("'%'", "'*'")
 # A text and a pattern that the old 100k length limit let through (14 s for 2 calls)
-HUGE_ROW = (f"WITH s(t, p) AS (SELECT {_text(60_000)} || substr(Name, 1, 0), "
-            f"'%' || {_text(29_998)} || 'b' FROM singer LIMIT 1) SELECT ")
+HUGE_ROW = (
+    f"WITH s(t, p) AS (SELECT {_text(60_000)} || substr(Name, 1, 0), "
+    f"'%' || {_text(29_998)} || 'b' FROM singer LIMIT 1) SELECT "
+)
 SLOW_CALLS = {
     "printf %.*c": "SELECT printf('%.*c', 2147483647, 'x')",
     "printf %.*c, negative": "SELECT printf('%.*c', -2147483647, 'x')",
     "printf, literal precision": "SELECT printf('%5.2147483647c', 'x')",
     "format, after other conversions": "SELECT format('%d %s %%%.*c', 1, 'a', 2147483647, 'x')",
-    "printf in a long row": LONG_ROW + _calls("length(printf('%.*c', 2147483647, t))", 20)
-                            + " FROM s",
+    "printf in a long row": LONG_ROW
+    + _calls("length(printf('%.*c', 2147483647, t))", 20)
+    + " FROM s",
     "like on huge values": HUGE_ROW + _calls("t LIKE p", 4) + " FROM s",
     "like, many calls": LIKE_ROW + _calls("t LIKE p", 200) + " FROM s",
     "glob, many calls": GLOB_ROW + _calls("t GLOB p", 200) + " FROM s",
     "trim, many calls": LONG_ROW + _calls("length(rtrim(t, c))", 150) + " FROM s",
-    "mixed built-ins": LONG_ROW + _calls("max(t LIKE p, instr(t, n), length(replace(t, n, 1)), "
-                                         "length(trim(t, c)), t GLOB g)", 45) + " FROM s",
+    "mixed built-ins": LONG_ROW
+    + _calls(
+        "max(t LIKE p, instr(t, n), length(replace(t, n, 1)), length(trim(t, c)), t GLOB g)", 45
+    )
+    + " FROM s",
     "like in a cartesian product": LONG_ROW + "count(*) FROM s, singer a, singer b, singer c, "
-                                   "singer d WHERE t || a.Name LIKE p OR t || b.Name GLOB g",
+    "singer d WHERE t || a.Name LIKE p OR t || b.Name GLOB g",
 }
 
 
@@ -255,28 +287,43 @@ def test_no_call_of_a_built_in_outlasts_the_limit(db, name):
 
 def test_guarded_built_ins_give_sqlites_own_values_and_errors(db):
     executor = SQLExecutor()
-    sql = ("SELECT 'Abc' LIKE 'a%', 'a_c' LIKE 'a!_c' ESCAPE '!', 'abc' GLOB 'a*', "
-           "replace('banana', 'an', 'AN'), instr('banana', 'nan'), trim('xxhixx', 'x'), "
-           "ltrim('xxhi', 'x'), rtrim('hixx', 'x'), printf('%5.2f|%-3d|%.*c|%s', 3.14159, 7, "
-           "3, 'z', NULL), format('%q', 'it''s'), printf('%.*c', 20000, 'x'), 12 LIKE 1 || '%', "
-           "NULL LIKE 'a', replace(x'6162', 'b', 'c'), instr(1234, 23), printf('%.*c', '3x', 'y'), "
-           "printf('%!.3c|%5c', 'é', 'q'), instr(x'00ff00', x'ff'), trim(3.5, 3), "
-           "printf('%.*c', '  +12xyz', 'ab'), printf('%.4294967299c', 'x'), "
-           "printf('%c%d', 'x', 123456789), printf('%.*c', '" + "9" * 5000 + "', 'x'), "
-           "printf('%.*c', 3.9, 'x'), printf('%.*c|%.*s', 2, 'x', 2147483647, 'y')")
+    sql = (
+        "SELECT 'Abc' LIKE 'a%', 'a_c' LIKE 'a!_c' ESCAPE '!', 'abc' GLOB 'a*', "
+        "replace('banana', 'an', 'AN'), instr('banana', 'nan'), trim('xxhixx', 'x'), "
+        "ltrim('xxhi', 'x'), rtrim('hixx', 'x'), printf('%5.2f|%-3d|%.*c|%s', 3.14159, 7, "
+        "3, 'z', NULL), format('%q', 'it''s'), printf('%.*c', 20000, 'x'), 12 LIKE 1 || '%', "
+        "NULL LIKE 'a', replace(x'6162', 'b', 'c'), instr(1234, 23), printf('%.*c', '3x', 'y'), "
+        "printf('%!.3c|%5c', 'é', 'q'), instr(x'00ff00', x'ff'), trim(3.5, 3), "
+        "printf('%.*c', '  +12xyz', 'ab'), printf('%.4294967299c', 'x'), "
+        "printf('%c%d', 'x', 123456789), printf('%.*c', '" + "9" * 5000 + "', 'x'), "
+        "printf('%.*c', 3.9, 'x'), printf('%.*c|%.*s', 2, 'x', 2147483647, 'y')"
+    )
     plain = sqlite3.connect(":memory:")
     plain.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, ExecLimits().max_value_bytes)
     expected = tuple(plain.execute(sql).fetchall())
     plain.close()
     assert executor.execute(db, sql).rows == expected
-    assert expected[0][:11] == (1, 1, 1, "bANANa", 3, "hi", "hi", "hi", " 3.14|7  |zzz|",
-                                "it''s", None)
+    assert expected[0][:11] == (
+        1,
+        1,
+        1,
+        "bANANa",
+        3,
+        "hi",
+        "hi",
+        "hi",
+        " 3.14|7  |zzz|",
+        "it''s",
+        None,
+    )
     like = "SELECT Name FROM singer WHERE Name LIKE '%o%' OR Country GLOB '*[A-F]*'"
     with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as raw:
         assert executor.execute(db, like).rows == tuple(raw.execute(like).fetchall())
     raw.close()
-    assert "pattern too complex" in executor.execute(
-        db, "SELECT 'a' LIKE '%" + "a" * 2_000 + "'").error
+    assert (
+        "pattern too complex"
+        in executor.execute(db, "SELECT 'a' LIKE '%" + "a" * 2_000 + "'").error
+    )
 
 
 MEMORY_CHILD = """
@@ -291,14 +338,18 @@ print(json.dumps([verdict.status, verdict.error, grown]))
 """
 RECURSIVE = "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < {n}) "
 MEMORY_HOGS = {
-    "2,000 wide blob columns": "SELECT " + ", ".join(["z"] * 2000)
-                               + " FROM (SELECT zeroblob(99000) AS z), singer",
-    "199 wide blob columns": "SELECT " + ", ".join(["z"] * 199)
-                             + " FROM (SELECT zeroblob(99000) AS z), singer",
-    "ints and NULLs": RECURSIVE.format(n=99_999) + "SELECT " + ", ".join(["i, NULL"] * 90)
-                      + " FROM r",
+    "2,000 wide blob columns": "SELECT "
+    + ", ".join(["z"] * 2000)
+    + " FROM (SELECT zeroblob(99000) AS z), singer",
+    "199 wide blob columns": "SELECT "
+    + ", ".join(["z"] * 199)
+    + " FROM (SELECT zeroblob(99000) AS z), singer",
+    "ints and NULLs": RECURSIVE.format(n=99_999)
+    + "SELECT "
+    + ", ".join(["i, NULL"] * 90)
+    + " FROM r",
     "a distinct set in SQLite's heap": RECURSIVE.format(n=10**6)
-                                       + "SELECT count(DISTINCT randomblob(1000)) FROM r",
+    + "SELECT count(DISTINCT randomblob(1000)) FROM r",
 }
 
 
@@ -306,9 +357,14 @@ MEMORY_HOGS = {
 def test_memory_is_bounded_before_it_is_spent(db, name):
     """256 MB a query, whatever it holds: the result cap was checked only after a 512-row
     chunk and counted no numbers or NULLs (2,000 blob columns: 1.3 GB)."""
-    result = subprocess.run([sys.executable, "-c", MEMORY_CHILD, str(db)],
-                            input=MEMORY_HOGS[name], capture_output=True, text=True,
-                            timeout=60, cwd=REPO_ROOT)
+    result = subprocess.run(
+        [sys.executable, "-c", MEMORY_CHILD, str(db)],
+        input=MEMORY_HOGS[name],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO_ROOT,
+    )
     assert result.returncode == 0, result.stderr
     status, error, grown_mb = json.loads(result.stdout)
     assert status == "error" and error, (status, error)
@@ -317,8 +373,10 @@ def test_memory_is_bounded_before_it_is_spent(db, name):
 
 def test_sorts_and_temporary_tables_never_touch_the_disk(db):
     """SQLite spilled a big sort to a deleted temporary file (etilqs_*) in /var/tmp or /tmp."""
-    sql = (RECURSIVE.format(n=200_000)
-           + "SELECT count(*) FROM (SELECT hex(randomblob(100)) AS x FROM r GROUP BY x)")
+    sql = (
+        RECURSIVE.format(n=200_000)
+        + "SELECT count(*) FROM (SELECT hex(randomblob(100)) AS x FROM r GROUP BY x)"
+    )
     temp_files, done = set(), threading.Event()
 
     def watch():  # SQLite deletes its temporary files once open: look at open descriptors
@@ -363,7 +421,12 @@ def test_thousands_of_distinct_queries_do_not_exhaust_the_heap(spider_dir):
     connection caching 128 prepared statements, SQLite's heap reached its limit and every
     later query failed as 'out of memory' (a reward of 0, silently). 7,000 distinct gold
     queries on all databases, with half the default heap limit."""
-    result = subprocess.run([sys.executable, "-c", STATEMENTS_CHILD, str(spider_dir)],
-                            capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
+    result = subprocess.run(
+        [sys.executable, "-c", STATEMENTS_CHILD, str(spider_dir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO_ROOT,
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == []

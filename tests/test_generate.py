@@ -1,4 +1,5 @@
 """Batched generation backends (sqlrl/generate.py) on a tiny Qwen2 model built in the test."""
+
 from __future__ import annotations
 
 import json
@@ -11,17 +12,25 @@ import pytest
 import torch
 
 from sqlrl import generate as gen
-from sqlrl.modeling import (IM_END, build_scratch_model, to_transformers_tokenizer,
-                            train_tokenizer)
+from sqlrl.modeling import IM_END, build_scratch_model, to_transformers_tokenizer, train_tokenizer
 from sqlrl.params import ArchitectureParams
 from sqlrl.prompts import build_messages, render_prompt
 
-TEXTS = ["SELECT count(*) FROM singer", "SELECT name FROM stadium WHERE capacity > 100",
-         "How many singers do we have?", "List the names of all concerts in 2014.",
-         "table | col, col | table | col"] * 20
-QUESTIONS = ["How many singers?", "List every stadium name ordered by capacity descending.",
-             "Name?", "What are the names and countries of singers older than 40 who sang in "
-             "a concert in 2014 or 2015?", "Count concerts."]
+TEXTS = [
+    "SELECT count(*) FROM singer",
+    "SELECT name FROM stadium WHERE capacity > 100",
+    "How many singers do we have?",
+    "List the names of all concerts in 2014.",
+    "table | col, col | table | col",
+] * 20
+QUESTIONS = [
+    "How many singers?",
+    "List every stadium name ordered by capacity descending.",
+    "Name?",
+    "What are the names and countries of singers older than 40 who sang in "
+    "a concert in 2014 or 2015?",
+    "Count concerts.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -29,9 +38,15 @@ def tiny(tmp_path_factory):
     """A tiny Qwen2 model (hidden 32, 2 layers) + ChatML tokenizer, saved and reloaded."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    arch = ArchitectureParams(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=2,
-                              max_position_embeddings=512, vocab_size=400)
+    arch = ArchitectureParams(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        vocab_size=400,
+    )
     tokenizer = to_transformers_tokenizer(train_tokenizer(TEXTS, arch.vocab_size))
     model = build_scratch_model(arch, tokenizer, seed=0)
     with torch.no_grad():  # larger weights than the init default: varied, well-separated logits
@@ -47,8 +62,10 @@ def tiny(tmp_path_factory):
 @pytest.fixture(scope="module")
 def prompts(tiny):
     _, tokenizer, _ = tiny
-    return [render_prompt(tokenizer, build_messages("singer | name, age", q, "Answer in SQL."))
-            for q in QUESTIONS]
+    return [
+        render_prompt(tokenizer, build_messages("singer | name, age", q, "Answer in SQL."))
+        for q in QUESTIONS
+    ]
 
 
 def test_batched_generation_equals_one_at_a_time_and_keeps_order(tiny, prompts):
@@ -125,22 +142,33 @@ def test_shared_prefix_generation_draws_the_same_tokens_as_generate(tiny, prompt
     encoded = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts[:3]]
     ids, mask = g._left_pad([encoded[0]] * 3 + [encoded[1]] + [encoded[2]] * 4)
     assert gen.repeated_rows(ids, mask) == ([0, 3, 4], [3, 1, 4])
-    config = GenerationConfig(max_new_tokens=12, eos_token_id=g.stop_ids, pad_token_id=g.pad_id,
-                              **gen.hf_decoding_settings(1.0))
+    config = GenerationConfig(
+        max_new_tokens=12,
+        eos_token_id=g.stop_ids,
+        pad_token_id=g.pad_id,
+        **gen.hf_decoding_settings(1.0),
+    )
     set_seed(3)
     plain = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
     set_seed(3)
     shared = gen.shared_prefix_generate(model, ids, mask, config)
     assert torch.equal(shared, plain)
-    assert len({tuple(row) for row in plain[:3, ids.shape[1]:].tolist()}) > 1  # it samples
+    assert len({tuple(row) for row in plain[:3, ids.shape[1] :].tolist()}) > 1  # it samples
 
 
 # --------------------------------------------------------------------------- checkpoint defaults
 
 # What a Qwen2.5 instruct checkpoint's generation_config.json does to unset settings, made
 # stronger so that any leak changes the output
-HOSTILE = {"do_sample": True, "temperature": 0.7, "top_k": 5, "top_p": 0.5,
-           "repetition_penalty": 1.3, "min_p": 0.3, "no_repeat_ngram_size": 2}
+HOSTILE = {
+    "do_sample": True,
+    "temperature": 0.7,
+    "top_k": 5,
+    "top_p": 0.5,
+    "repetition_penalty": 1.3,
+    "min_p": 0.3,
+    "no_repeat_ngram_size": 2,
+}
 
 
 def _reference_decode(model, tokenizer, prompt, stop_ids, max_new_tokens, temperature=0.0):
@@ -188,8 +216,7 @@ def test_greedy_is_argmax_whatever_the_checkpoint_generation_config_says(hostile
     g = gen.HFGenerator(model, tokenizer, batch_size=3, max_new_tokens=10, progress=False)
     expected = [_reference_decode(model, tokenizer, p, stops, 10) for p in prompts]
     assert g.generate_ids(prompts) == expected
-    assert g.generate(prompts) == [tokenizer.decode(x, skip_special_tokens=True)
-                                   for x in expected]
+    assert g.generate(prompts) == [tokenizer.decode(x, skip_special_tokens=True) for x in expected]
     # the model's own generation_config is back after the call (it is saved with the model)
     assert model.generation_config.repetition_penalty == 1.3
 
@@ -209,26 +236,82 @@ def test_sampling_is_temperature_only_whatever_the_checkpoint_says(hostile, prom
 
 # vLLM 0.31.0's SamplingParams (vllm/sampling_params.py): its public fields and defaults
 VLLM_SAMPLING_DEFAULTS = dict(
-    n=1, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, temperature=1.0,
-    watermarking=True, top_p=1.0, top_k=0, min_p=0.0, seed=None, stop=None,
-    stop_token_ids=None, ignore_eos=False, max_tokens=16, min_tokens=0, logprobs=None,
-    prompt_logprobs=None, prompt_logprob_token_ids=None, prompt_logprob_start=None,
-    logprob_token_ids=None, flat_logprobs=False, detokenize=True, skip_special_tokens=True,
-    spaces_between_special_tokens=True, include_stop_str_in_output=False, output_kind="CUMULATIVE",
-    stream_interval=None, skip_clone=False, structured_outputs=None, logit_bias=None,
-    allowed_token_ids=None, extra_args=None, bad_words=None, skip_reading_prefix_cache=None,
-    thinking_token_budget=None, repetition_detection=None, routed_experts_prompt_start=0,
-    trace_decode_token_ids=None)
+    n=1,
+    presence_penalty=0.0,
+    frequency_penalty=0.0,
+    repetition_penalty=1.0,
+    temperature=1.0,
+    watermarking=True,
+    top_p=1.0,
+    top_k=0,
+    min_p=0.0,
+    seed=None,
+    stop=None,
+    stop_token_ids=None,
+    ignore_eos=False,
+    max_tokens=16,
+    min_tokens=0,
+    logprobs=None,
+    prompt_logprobs=None,
+    prompt_logprob_token_ids=None,
+    prompt_logprob_start=None,
+    logprob_token_ids=None,
+    flat_logprobs=False,
+    detokenize=True,
+    skip_special_tokens=True,
+    spaces_between_special_tokens=True,
+    include_stop_str_in_output=False,
+    output_kind="CUMULATIVE",
+    stream_interval=None,
+    skip_clone=False,
+    structured_outputs=None,
+    logit_bias=None,
+    allowed_token_ids=None,
+    extra_args=None,
+    bad_words=None,
+    skip_reading_prefix_cache=None,
+    thinking_token_budget=None,
+    repetition_detection=None,
+    routed_experts_prompt_start=0,
+    trace_decode_token_ids=None,
+)
 # the fields that decide which tokens come out, and when decoding stops
 VLLM_DECODING_FIELDS = {
-    "n", "temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty",
-    "presence_penalty", "frequency_penalty", "max_tokens", "min_tokens", "stop",
-    "stop_token_ids", "ignore_eos", "bad_words", "logit_bias", "allowed_token_ids",
-    "structured_outputs", "repetition_detection", "thinking_token_budget", "watermarking",
-    "include_stop_str_in_output", "skip_special_tokens"}
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "max_tokens",
+    "min_tokens",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "bad_words",
+    "logit_bias",
+    "allowed_token_ids",
+    "structured_outputs",
+    "repetition_detection",
+    "thinking_token_budget",
+    "watermarking",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+}
 # ModelConfig.get_diff_sampling_param: what vLLM takes from generation_config.json
-VLLM_FROM_CHECKPOINT = ("repetition_penalty", "presence_penalty", "frequency_penalty",
-                        "temperature", "top_k", "top_p", "min_p", "max_new_tokens")
+VLLM_FROM_CHECKPOINT = (
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "max_new_tokens",
+)
 
 
 class _FakeSamplingParams:
@@ -252,10 +335,16 @@ class _FakeLLM:
     """vllm.LLM's constructor and generate(prompts, sampling_params=None); with
     generation_config "auto" (the default) requests without SamplingParams take the
     checkpoint's settings, as LLM.get_default_sampling_params does."""
+
     instances: list = []
-    answers: dict = {}   # prompt -> completions; otherwise "SELECT <len(prompt)> -- <k>"
-    ENGINE_ARGS = {"generation_config", "override_generation_config", "max_model_len",
-                   "gpu_memory_utilization", "enforce_eager"}  # a few of EngineArgs' fields
+    answers: dict = {}  # prompt -> completions; otherwise "SELECT <len(prompt)> -- <k>"
+    ENGINE_ARGS = {
+        "generation_config",
+        "override_generation_config",
+        "max_model_len",
+        "gpu_memory_utilization",
+        "enforce_eager",
+    }  # a few of EngineArgs' fields
 
     def __init__(self, model, *, tokenizer=None, dtype="auto", seed=0, **kwargs):
         if set(kwargs) - self.ENGINE_ARGS:
@@ -278,11 +367,16 @@ class _FakeLLM:
         sampling_params = sampling_params or self.get_default_sampling_params()
         self.calls.append((list(prompts), sampling_params))
         n = sampling_params.n
-        texts = {p: self.answers.get(p) or [f"SELECT {len(p)} -- {k}" for k in range(n)]
-                 for p in prompts}
-        return [types.SimpleNamespace(prompt=p, outputs=[
-            types.SimpleNamespace(index=k, text=texts[p][k]) for k in range(n)])
-            for p in prompts]
+        texts = {
+            p: self.answers.get(p) or [f"SELECT {len(p)} -- {k}" for k in range(n)] for p in prompts
+        }
+        return [
+            types.SimpleNamespace(
+                prompt=p,
+                outputs=[types.SimpleNamespace(index=k, text=texts[p][k]) for k in range(n)],
+            )
+            for p in prompts
+        ]
 
 
 @pytest.fixture
@@ -299,8 +393,9 @@ def test_vllm_absent_falls_back_to_transformers(tiny, monkeypatch):
     _, _, path = tiny
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     assert not gen.vllm_available()
-    generator, tokenizer = gen.make_generator(path, use_vllm=True, batch_size=4,
-                                              max_new_tokens=6, seed=1, progress=False)
+    generator, tokenizer = gen.make_generator(
+        path, use_vllm=True, batch_size=4, max_new_tokens=6, seed=1, progress=False
+    )
     assert isinstance(generator, gen.HFGenerator)
     assert (generator.batch_size, generator.max_new_tokens) == (4, 6)
     assert tokenizer.chat_template
@@ -309,8 +404,9 @@ def test_vllm_absent_falls_back_to_transformers(tiny, monkeypatch):
 def test_vllm_path_with_a_stand_in_module(tiny, fake_vllm):
     _, tokenizer, path = tiny
     assert gen.vllm_available()
-    generator, tok = gen.make_generator(path, use_vllm=True, batch_size=4, max_new_tokens=33,
-                                        seed=5)
+    generator, tok = gen.make_generator(
+        path, use_vllm=True, batch_size=4, max_new_tokens=33, seed=5
+    )
     assert isinstance(generator, gen.VLLMGenerator)
     (llm,) = _FakeLLM.instances
     assert llm.kwargs["model"] == str(path) and llm.kwargs["seed"] == 5
@@ -335,42 +431,64 @@ def test_vllm_gets_every_decoding_setting_and_no_checkpoint_defaults(hostile, fa
     assert (leaky.repetition_penalty, leaky.top_k, leaky.top_p) == (1.3, 5, 0.5)
     _FakeLLM.instances.clear()
 
-    generator, _ = gen.make_generator(path, use_vllm=True, batch_size=4, max_new_tokens=20,
-                                      seed=3)
+    generator, _ = gen.make_generator(path, use_vllm=True, batch_size=4, max_new_tokens=20, seed=3)
     (llm,) = _FakeLLM.instances
     assert llm.kwargs["generation_config"] == "vllm"  # no sampling defaults from the checkpoint
     assert not llm.kwargs["override_generation_config"]
     default = llm.get_default_sampling_params()
-    assert (default.repetition_penalty, default.top_k, default.top_p, default.min_p,
-            default.temperature) == (1.0, 0, 1.0, 0.0, 1.0)
+    assert (
+        default.repetition_penalty,
+        default.top_k,
+        default.top_p,
+        default.min_p,
+        default.temperature,
+    ) == (1.0, 0, 1.0, 0.0, 1.0)
 
     generator.generate(["a prompt"])
     _, greedy = llm.calls[-1]
     assert VLLM_DECODING_FIELDS <= greedy.explicit
-    assert (greedy.temperature, greedy.top_p, greedy.top_k, greedy.min_p,
-            greedy.repetition_penalty, greedy.presence_penalty, greedy.frequency_penalty,
-            greedy.min_tokens, greedy.ignore_eos, greedy.watermarking) == \
-        (0.0, 1.0, 0, 0.0, 1.0, 0.0, 0.0, 0, False, False)
+    assert (
+        greedy.temperature,
+        greedy.top_p,
+        greedy.top_k,
+        greedy.min_p,
+        greedy.repetition_penalty,
+        greedy.presence_penalty,
+        greedy.frequency_penalty,
+        greedy.min_tokens,
+        greedy.ignore_eos,
+        greedy.watermarking,
+    ) == (0.0, 1.0, 0, 0.0, 1.0, 0.0, 0.0, 0, False, False)
 
     generator.sample(["a prompt"], n=4, temperature=0.9, seed=11)
     _, sampled = llm.calls[-1]
     assert VLLM_DECODING_FIELDS <= sampled.explicit
-    assert (sampled.n, sampled.temperature, sampled.seed, sampled.top_p, sampled.top_k,
-            sampled.min_p, sampled.repetition_penalty, sampled.max_tokens) == \
-        (4, 0.9, 11, 1.0, 0, 0.0, 1.0, 20)
+    assert (
+        sampled.n,
+        sampled.temperature,
+        sampled.seed,
+        sampled.top_p,
+        sampled.top_k,
+        sampled.min_p,
+        sampled.repetition_penalty,
+        sampled.max_tokens,
+    ) == (4, 0.9, 11, 1.0, 0, 0.0, 1.0, 20)
 
 
 def test_vllm_not_used_when_the_profile_says_no(tiny, fake_vllm):
     _, _, path = tiny
-    generator, _ = gen.make_generator(path, use_vllm=False, batch_size=2, max_new_tokens=4,
-                                      seed=0, progress=False)
+    generator, _ = gen.make_generator(
+        path, use_vllm=False, batch_size=2, max_new_tokens=4, seed=0, progress=False
+    )
     assert isinstance(generator, gen.HFGenerator) and not _FakeLLM.instances
 
 
 # --------------------------------------------------------------------------- pass-rate filter
 
-def test_pass_rate_filter_samples_through_the_generator_factory(tiny, fake_vllm, prepared_dir,
-                                                                tmp_path):
+
+def test_pass_rate_filter_samples_through_the_generator_factory(
+    tiny, fake_vllm, prepared_dir, tmp_path
+):
     """stages/grpo_prompts with grpo.use_vllm and vLLM installed: the SFT model is sampled by
     vLLM (not by transformers on the CPU), with the grpo settings."""
     import yaml
@@ -384,16 +502,22 @@ def test_pass_rate_filter_samples_through_the_generator_factory(tiny, fake_vllm,
     rows = read_jsonl(prepared_dir / "grpo.jsonl")[:6]
     (tmp_path / "data" / "prepared").mkdir(parents=True)
     (tmp_path / "data" / "prepared" / "grpo.jsonl").write_text(
-        "".join(json.dumps(r) + "\n" for r in rows))
+        "".join(json.dumps(r) + "\n" for r in rows)
+    )
     shutil.copytree(model_path, tmp_path / "models" / "sft")
     params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
     params["grpo"]["use_vllm"] = True
-    params["grpo"]["pass_rate_filter"] = {"pool": 6, "samples": 4, "min_rate": 0.01,
-                                          "max_rate": 0.99}
+    params["grpo"]["pass_rate_filter"] = {
+        "pool": 6,
+        "samples": 4,
+        "min_rate": 0.01,
+        "max_rate": 0.99,
+    }
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     # the stand-in solves every prompt with half of its samples
-    _FakeLLM.answers = {render_prompt(tokenizer, r["prompt"]): [r["gold_sql"], "SELECT 0"] * 2
-                        for r in rows}
+    _FakeLLM.answers = {
+        render_prompt(tokenizer, r["prompt"]): [r["gold_sql"], "SELECT 0"] * 2 for r in rows
+    }
 
     assert grpo_prompts.main(tmp_path) == 0
     (llm,) = _FakeLLM.instances
@@ -401,8 +525,12 @@ def test_pass_rate_filter_samples_through_the_generator_factory(tiny, fake_vllm,
     assert llm.kwargs["generation_config"] == "vllm"
     ((sent, sp),) = llm.calls
     grpo = params["grpo"]
-    assert (sp.n, sp.temperature, sp.max_tokens, sp.seed) == \
-        (4, grpo["temperature"], grpo["max_completion_length"], params["seed"])
+    assert (sp.n, sp.temperature, sp.max_tokens, sp.seed) == (
+        4,
+        grpo["temperature"],
+        grpo["max_completion_length"],
+        params["seed"],
+    )
     assert (sp.top_k, sp.top_p, sp.repetition_penalty) == (0, 1.0, 1.0)
     metrics = read_metrics(tmp_path / "metrics" / "grpo_prompts.json")
     assert metrics["pass_rate_pool"] == len(sent) > 0
@@ -420,9 +548,14 @@ def test_pass_rate_filter_without_vllm_uses_transformers_and_says_so(tiny, monke
     _, _, model_path = tiny
     monkeypatch.setitem(sys.modules, "vllm", None)  # not installed
     grpo = load_params().grpo
-    grpo = dataclasses.replace(grpo, use_vllm=True, batch_size=16, num_generations=8,
-                               max_completion_length=24, pass_rate_filter=dataclasses.replace(
-                                   grpo.pass_rate_filter, samples=8))
+    grpo = dataclasses.replace(
+        grpo,
+        use_vllm=True,
+        batch_size=16,
+        num_generations=8,
+        max_completion_length=24,
+        pass_rate_filter=dataclasses.replace(grpo.pass_rate_filter, samples=8),
+    )
     generator, tokenizer = grpo_prompts.pass_rate_generator(model_path, grpo, seed=0)
     assert isinstance(generator, gen.HFGenerator) and tokenizer.chat_template
     # 16 completions a batch, as a GRPO step: 2 prompts x 8 samples, not 16 prompts x 8
@@ -436,6 +569,9 @@ def test_decoding_summary_says_greedy_without_penalty():
     generator = HFGenerator.__new__(HFGenerator)  # only its type matters here
     summary = decoding_summary(generator, temperature=0.8, n=1)
     assert summary["backend"] == "HFGenerator"
-    assert (summary["do_sample"], summary["repetition_penalty"], summary["num_beams"]) == \
-        (False, 1.0, 1)
+    assert (summary["do_sample"], summary["repetition_penalty"], summary["num_beams"]) == (
+        False,
+        1.0,
+        1,
+    )
     assert decoding_summary(generator, temperature=0.8, n=4)["do_sample"] is True

@@ -1,6 +1,7 @@
 """scripts/gpu_rehearsal.py, both halves, as a user runs them: the bundle from the real Spider
 with the reference profile, then `run --tiny` on the CPU through the pipeline's own SFT and
 GRPO code. The GPU gets one try; these are the things that would waste it."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,9 @@ SFT_ROWS, GRPO_PROMPTS = 8, 16
 
 def _script(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    result = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=REPO_ROOT, env=env,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), *args], cwd=REPO_ROOT, env=env, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
 
@@ -30,17 +32,35 @@ def _script(*args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory, spider_dir):
     out = tmp_path_factory.mktemp("rehearsal") / "bundle"
-    _script("bundle", "--out", str(out), "--sft-rows", str(SFT_ROWS),
-            "--grpo-prompts", str(GRPO_PROMPTS))
+    _script(
+        "bundle",
+        "--out",
+        str(out),
+        "--sft-rows",
+        str(SFT_ROWS),
+        "--grpo-prompts",
+        str(GRPO_PROMPTS),
+    )
     return out
 
 
 @pytest.fixture(scope="module")
 def report(bundle, tmp_path_factory):
     out = tmp_path_factory.mktemp("rehearsal-out")
-    _script("run", "--bundle", str(bundle), "--out", str(out), "--work",
-            str(tmp_path_factory.mktemp("rehearsal-work")), "--tiny", "--sft-steps", "1",
-            "--grpo-steps", "1")
+    _script(
+        "run",
+        "--bundle",
+        str(bundle),
+        "--out",
+        str(out),
+        "--work",
+        str(tmp_path_factory.mktemp("rehearsal-work")),
+        "--tiny",
+        "--sft-steps",
+        "1",
+        "--grpo-steps",
+        "1",
+    )
     return json.loads((out / "gpu_rehearsal.json").read_text())
 
 

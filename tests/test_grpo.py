@@ -1,4 +1,5 @@
 """GRPO: prompt selection, reward wiring on a tiny model, the metrics, and the merge."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -17,9 +18,15 @@ from sqlrl.prompts import build_messages, compact_schema
 from sqlrl.rewards import make_rewards
 from sqlrl.spider import database_path, load_examples, load_schemas
 
-ARCH = ArchitectureParams(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2,
-                          max_position_embeddings=512, vocab_size=400)
+ARCH = ArchitectureParams(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    vocab_size=400,
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,9 +34,16 @@ def rows(spider_dir):
     """GRPO rows (prompt, gold_sql, db_path) for real train questions, as prepare writes them."""
     schemas = load_schemas(spider_dir / "tables.json")
     examples = load_examples(spider_dir / "train_spider.json", schemas)[:16]
-    return [{"prompt": build_messages(compact_schema(schemas[e.db_id]), e.question, "SQL only."),
-             "gold_sql": e.query, "db_id": e.db_id, "question": e.question,
-             "db_path": relative_to_root(database_path(spider_dir, e.db_id))} for e in examples]
+    return [
+        {
+            "prompt": build_messages(compact_schema(schemas[e.db_id]), e.question, "SQL only."),
+            "gold_sql": e.query,
+            "db_id": e.db_id,
+            "question": e.question,
+            "db_path": relative_to_root(database_path(spider_dir, e.db_id)),
+        }
+        for e in examples
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -53,26 +67,37 @@ def test_empty_gold_results_are_dropped_and_counted(rows):
     empty = dict(rows[0], gold_sql="SELECT * FROM head WHERE age > 10000")
     zero = dict(rows[2], gold_sql="SELECT count(*) FROM head WHERE age > 10000")
     broken = dict(rows[1], gold_sql="SELECT nothing FROM nowhere")
-    kept, stats = select_prompts([empty, zero, broken, *rows[3:6]], _grpo_params(), 0,
-                                 SQLExecutor())
+    kept, stats = select_prompts(
+        [empty, zero, broken, *rows[3:6]], _grpo_params(), 0, SQLExecutor()
+    )
     assert (stats.candidates, stats.dropped_empty_gold, stats.dropped_gold_error) == (6, 2, 1)
-    assert stats.kept == len(kept) == 3 and not {id(empty), id(zero), id(broken)} & set(map(id, kept))
+    assert stats.kept == len(kept) == 3 and not {id(empty), id(zero), id(broken)} & set(
+        map(id, kept)
+    )
 
 
 def test_pass_rate_filter_keeps_prompts_solved_sometimes_but_not_always(rows):
-    params = _grpo_params(drop_empty_gold=False, pass_rate_filter=dataclasses.replace(
-        _grpo_params().pass_rate_filter, pool=4, min_rate=0.1, max_rate=0.9))
-    rates = {r["gold_sql"]: rate for r, rate in zip(rows, [0.0, 0.5, 1.0, 0.25, 0.75])}
-    kept, stats = select_prompts(rows[:5], params, 0, SQLExecutor(),
-                                 lambda pool: [rates[r["gold_sql"]] for r in pool])
+    params = _grpo_params(
+        drop_empty_gold=False,
+        pass_rate_filter=dataclasses.replace(
+            _grpo_params().pass_rate_filter, pool=4, min_rate=0.1, max_rate=0.9
+        ),
+    )
+    rates = {
+        r["gold_sql"]: rate for r, rate in zip(rows, [0.0, 0.5, 1.0, 0.25, 0.75], strict=False)
+    }
+    kept, stats = select_prompts(
+        rows[:5], params, 0, SQLExecutor(), lambda pool: [rates[r["gold_sql"]] for r in pool]
+    )
     assert stats.pass_rate_pool == 4
     assert all(0.1 <= rates[r["gold_sql"]] <= 0.9 for r in kept)
     assert stats.kept == len(kept) == 4 - stats.dropped_always_solved - stats.dropped_never_solved
 
 
 def test_selection_that_keeps_nothing_says_so(rows):
-    params = _grpo_params(pass_rate_filter=dataclasses.replace(
-        _grpo_params().pass_rate_filter, pool=3))
+    params = _grpo_params(
+        pass_rate_filter=dataclasses.replace(_grpo_params().pass_rate_filter, pool=3)
+    )
     with pytest.raises(ValueError, match="kept no prompt"):
         select_prompts(rows[:3], params, 0, SQLExecutor(), lambda pool: [1.0] * len(pool))
 
@@ -84,8 +109,11 @@ def test_reward_wiring_on_a_tiny_model(rows, tiny_sft, tmp_path, monkeypatch):
 
     runs = []
     repeated_rows = sqlrl.generate.repeated_rows
-    monkeypatch.setattr(sqlrl.generate, "repeated_rows",
-                        lambda *a: runs.append(repeated_rows(*a)[1]) or repeated_rows(*a))
+    monkeypatch.setattr(
+        sqlrl.generate,
+        "repeated_rows",
+        lambda *a: runs.append(repeated_rows(*a)[1]) or repeated_rows(*a),
+    )
     execution_reward, syntax_reward = make_rewards(workers=1, backend="thread")
     seen = []
 
@@ -93,19 +121,28 @@ def test_reward_wiring_on_a_tiny_model(rows, tiny_sft, tmp_path, monkeypatch):
         seen.append((len(completions), list(db_path), list(gold_sql)))
         assert len(kwargs["db_id"]) == len(kwargs["question"]) == len(completions)  # for repair
         return execution_reward(completions, db_path=db_path, gold_sql=gold_sql, **kwargs)
+
     recording_reward.__name__ = "execution_reward"
 
-    params = _grpo_params(steps=2, batch_size=4, num_generations=2, max_completion_length=8,
-                          save_steps=100)
-    metrics = train_grpo(params, 0, tiny_sft, rows[:4], tmp_path / "adapter",
-                         [recording_reward, syntax_reward], checkpoint_dir=tmp_path / "ckpt",
-                         dvclive_dir=str(tmp_path / "dvclive"))
+    params = _grpo_params(
+        steps=2, batch_size=4, num_generations=2, max_completion_length=8, save_steps=100
+    )
+    metrics = train_grpo(
+        params,
+        0,
+        tiny_sft,
+        rows[:4],
+        tmp_path / "adapter",
+        [recording_reward, syntax_reward],
+        checkpoint_dir=tmp_path / "ckpt",
+        dvclive_dir=str(tmp_path / "dvclive"),
+    )
     assert (tmp_path / "adapter" / "adapter_config.json").is_file()
     assert not (tmp_path / "adapter.tmp").exists()
     assert seen and all(n == 4 for n, _, _ in seen)
     assert runs and all(lengths == [2, 2] for lengths in runs)  # 2 prompts x 2 generations
     known = {(r["db_path"], r["gold_sql"]) for r in rows[:4]}
-    assert all(set(zip(paths, golds)) <= known for _, paths, golds in seen)
+    assert all(set(zip(paths, golds, strict=False)) <= known for _, paths, golds in seen)
     assert metrics["steps"] == 2 and metrics["logged_steps"] == 2
     assert 0.0 <= metrics["final_mean_reward"] <= metrics["peak_reward"] <= 1.0
     assert 0.0 <= metrics["mean_frac_reward_zero_std"] <= 1.0
@@ -115,8 +152,10 @@ def test_reward_wiring_on_a_tiny_model(rows, tiny_sft, tmp_path, monkeypatch):
 
 
 def test_summary_of_a_log_history():
-    history = [{"reward": r, "loss": 0.1 * i, "frac_reward_zero_std": 0.5,
-                "completions/mean_length": 10.0} for i, r in enumerate([0.0] * 10 + [1.0] * 10)]
+    history = [
+        {"reward": r, "loss": 0.1 * i, "frac_reward_zero_std": 0.5, "completions/mean_length": 10.0}
+        for i, r in enumerate([0.0] * 10 + [1.0] * 10)
+    ]
     timer = StepTimer()
     summary = summarize_log(history, timer, steps=20, wall_s=40.0)
     assert (summary["first_mean_reward"], summary["final_mean_reward"]) == (0.0, 1.0)
@@ -130,8 +169,13 @@ def test_merged_model_matches_base_plus_adapter(tiny_sft, tmp_path):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(tiny_sft)
-    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
-                        init_lora_weights=False, task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=4,
+        lora_alpha=8,
+        target_modules=["q_proj", "v_proj"],
+        init_lora_weights=False,
+        task_type="CAUSAL_LM",
+    )
     get_peft_model(model, config).save_pretrained(tmp_path / "adapter")
     merge_adapter(tiny_sft, tmp_path / "adapter", tmp_path / "final")
 
@@ -140,8 +184,9 @@ def test_merged_model_matches_base_plus_adapter(tiny_sft, tmp_path):
     assert (tmp_path / "final" / "tokenizer_config.json").is_file()
     ids = torch.tensor([[1, 5, 9, 42, 7, 3]])
     with torch.no_grad():
-        adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_sft),
-                                            tmp_path / "adapter")(ids).logits
+        adapted = PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(tiny_sft), tmp_path / "adapter"
+        )(ids).logits
         merged = AutoModelForCausalLM.from_pretrained(tmp_path / "final")(ids).logits
         plain = AutoModelForCausalLM.from_pretrained(tiny_sft)(ids).logits
     assert torch.allclose(merged, adapted, atol=1e-4)
@@ -166,8 +211,9 @@ def test_merge_keeps_the_sft_models_dtype(tiny_sft, tmp_path):
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
 
 
-def test_use_vllm_without_vllm_falls_back_to_transformers_with_a_warning(tmp_path, capsys,
-                                                                          monkeypatch):
+def test_use_vllm_without_vllm_falls_back_to_transformers_with_a_warning(
+    tmp_path, capsys, monkeypatch
+):
     from sqlrl.grpo import grpo_config
 
     monkeypatch.setitem(__import__("sys").modules, "vllm", None)  # `import vllm` fails
@@ -198,14 +244,19 @@ def test_pass_rate_counts_solved_samples_not_partial_credit():
         def apply_chat_template(self, messages, **kwargs):
             return "p"
 
-    rates = sampled_pass_rates([{"prompt": [], "gold_sql": "x", "db_path": "d"}], Fixed(),
-                               Template(), 4, 1.0, 0,
-                               lambda completions, **kw: [1.0, 0.1, 0.1, 0.0])
+    rates = sampled_pass_rates(
+        [{"prompt": [], "gold_sql": "x", "db_path": "d"}],
+        Fixed(),
+        Template(),
+        4,
+        1.0,
+        0,
+        lambda completions, **kw: [1.0, 0.1, 0.1, 0.0],
+    )
     assert rates == [0.25]
 
 
-def test_on_a_cpu_only_completion_tokens_are_scored_with_the_same_log_probs(tiny_sft,
-                                                                              monkeypatch):
+def test_on_a_cpu_only_completion_tokens_are_scored_with_the_same_log_probs(tiny_sft, monkeypatch):
     """TRL's fused head scores every position without Triton; the pipeline makes it score only
     the completion tokens on a CPU (the prompt is most of a GRPO row), with equal log-probs."""
     import trl.trainer.utils as trl_utils
@@ -221,14 +272,20 @@ def test_on_a_cpu_only_completion_tokens_are_scored_with_the_same_log_probs(tiny
     labels[:, :9] = -100  # a 9-token prompt, 3 completion tokens per row
     scored = []
     apply = trl_utils._ChunkedLogProbFunction.apply
-    monkeypatch.setattr(trl_utils._ChunkedLogProbFunction, "apply",
-                        staticmethod(lambda hidden, *a: scored.append(len(hidden)) or
-                                     apply(hidden, *a)))
+    monkeypatch.setattr(
+        trl_utils._ChunkedLogProbFunction,
+        "apply",
+        staticmethod(lambda hidden, *a: scored.append(len(hidden)) or apply(hidden, *a)),
+    )
 
     def log_probs():
         with torch.no_grad():
-            return model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels,
-                         fused_lm_head=True).log_probs
+            return model(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                labels=labels,
+                fused_lm_head=True,
+            ).log_probs
 
     monkeypatch.setattr(trl_utils, "_use_triton", stock)
     every_position = log_probs()
@@ -246,10 +303,24 @@ def test_resume_continues_only_a_run_of_the_same_params(rows, tiny_sft, tmp_path
     rewards = reward_functions(_grpo_params())
 
     def run(**changes):
-        params = _grpo_params(steps=2, batch_size=4, num_generations=2, max_completion_length=8,
-                              save_steps=1, **changes)
-        return train_grpo(params, 0, tiny_sft, rows[:4], tmp_path / "adapter", rewards,
-                          checkpoint_dir=tmp_path / "ckpt", dvclive_dir=None)
+        params = _grpo_params(
+            steps=2,
+            batch_size=4,
+            num_generations=2,
+            max_completion_length=8,
+            save_steps=1,
+            **changes,
+        )
+        return train_grpo(
+            params,
+            0,
+            tiny_sft,
+            rows[:4],
+            tmp_path / "adapter",
+            rewards,
+            checkpoint_dir=tmp_path / "ckpt",
+            dvclive_dir=None,
+        )
 
     assert run()["resumed_from"] is None
     assert run(resume=True)["resumed_from"] == "checkpoint-2"

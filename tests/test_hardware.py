@@ -1,4 +1,5 @@
 """bf16 `auto` and the torch thread rule (sqlrl/hardware.py), with the capability checks stubbed."""
+
 from __future__ import annotations
 
 import os

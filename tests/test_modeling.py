@@ -1,4 +1,5 @@
 """The base model: the scratch tokenizer and model, and the hub path (a local folder)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -7,15 +8,31 @@ import json
 import pytest
 import torch
 
-from sqlrl.modeling import (BaseModelError, IM_END, IM_START, ENDOFTEXT, build_base,
-                            build_scratch_model, load_model_and_tokenizer, qwen2_config,
-                            read_base_record, resolve_hub_model, to_transformers_tokenizer,
-                            train_tokenizer)
+from sqlrl.modeling import (
+    ENDOFTEXT,
+    IM_END,
+    IM_START,
+    BaseModelError,
+    build_base,
+    build_scratch_model,
+    load_model_and_tokenizer,
+    qwen2_config,
+    read_base_record,
+    resolve_hub_model,
+    to_transformers_tokenizer,
+    train_tokenizer,
+)
 from sqlrl.params import ArchitectureParams, load_params
 
-ARCH = ArchitectureParams(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2,
-                          max_position_embeddings=256, vocab_size=600)
+ARCH = ArchitectureParams(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    vocab_size=600,
+)
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +59,11 @@ def test_tokenizer_ids_are_the_same_whichever_loader(tokenizers_pair, spider_tex
     auto = AutoTokenizer.from_pretrained(tmp_path)
     reread = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
     assert [auto.convert_tokens_to_ids(t) for t in (ENDOFTEXT, IM_START, IM_END)] == [0, 1, 2]
-    messages = [{"role": "system", "content": "SQL only."},
-                {"role": "user", "content": spider_texts[0]},
-                {"role": "assistant", "content": spider_texts[400]}]
+    messages = [
+        {"role": "system", "content": "SQL only."},
+        {"role": "user", "content": spider_texts[0]},
+        {"role": "assistant", "content": spider_texts[400]},
+    ]
     chat = auto.apply_chat_template(messages, tokenize=False)
     assert chat.startswith(f"{IM_START}system\nSQL only.{IM_END}\n{IM_START}user\n")
     samples = spider_texts[:50] + spider_texts[400:450] + [chat, "Ünïcödé  café\n\ttabs 12345"]
@@ -58,8 +77,9 @@ def test_tokenizer_ids_are_the_same_whichever_loader(tokenizers_pair, spider_tex
 
 def test_generation_prompt_ends_with_the_assistant_header(tokenizers_pair):
     _, hf = tokenizers_pair
-    text = hf.apply_chat_template([{"role": "user", "content": "q"}], tokenize=False,
-                                  add_generation_prompt=True)
+    text = hf.apply_chat_template(
+        [{"role": "user", "content": "q"}], tokenize=False, add_generation_prompt=True
+    )
     assert text.endswith(f"{IM_START}assistant\n")
     assert text.startswith(f"{IM_START}system\n")  # Qwen's default system turn
 
@@ -73,8 +93,13 @@ def test_model_is_built_from_params_seeded_and_reloads(tokenizers_pair, tmp_path
     c = build_scratch_model(ARCH, hf, seed=2)
     cfg = a.config
     assert cfg.model_type == "qwen2"
-    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads,
-            cfg.num_key_value_heads, cfg.vocab_size) == (32, 2, 4, 2, len(hf))
+    assert (
+        cfg.hidden_size,
+        cfg.num_hidden_layers,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.vocab_size,
+    ) == (32, 2, 4, 2, len(hf))
     sa, sb, sc = a.state_dict(), b.state_dict(), c.state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
     assert not all(torch.equal(sa[k], sc[k]) for k in sa)
@@ -90,17 +115,30 @@ def test_bad_architecture_is_refused(tokenizers_pair):
 
 
 def _write_sft(path, n=30):
-    rows = [{"prompt": [{"role": "system", "content": "s"},
-                        {"role": "user", "content": f"Database schema:\nsinger | id, name\n\nQuestion: q{i}"}],
-             "completion": [{"role": "assistant", "content": f"SELECT name FROM singer WHERE id = {i}"}],
-             "db_id": "x"} for i in range(n)]
+    rows = [
+        {
+            "prompt": [
+                {"role": "system", "content": "s"},
+                {
+                    "role": "user",
+                    "content": f"Database schema:\nsinger | id, name\n\nQuestion: q{i}",
+                },
+            ],
+            "completion": [
+                {"role": "assistant", "content": f"SELECT name FROM singer WHERE id = {i}"}
+            ],
+            "db_id": "x",
+        }
+        for i in range(n)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
 def test_scratch_base_saves_model_and_tokenizer(tmp_path):
-    base = dataclasses.replace(load_params().base, source="scratch",
-                               architecture=dataclasses.replace(ARCH, vocab_size=300))
+    base = dataclasses.replace(
+        load_params().base, source="scratch", architecture=dataclasses.replace(ARCH, vocab_size=300)
+    )
     record = build_base(base, 7, _write_sft(tmp_path / "sft.jsonl"), tmp_path / "base")
     assert record["source"] == "scratch" and record["n_params"] > 0
     model, tok = load_model_and_tokenizer(tmp_path / "base")
@@ -112,9 +150,13 @@ def test_hub_path_with_a_local_folder_standing_in_for_a_hub_id(tokenizers_pair, 
     hub = tmp_path / "hub-model"
     build_scratch_model(ARCH, hf, seed=1).save_pretrained(hub)
     hf.save_pretrained(hub)
-    base = dataclasses.replace(load_params().base, source="hub", model_id=str(hub),
-                               revision="0123456789abcdef0123456789abcdef01234567",
-                               dtype="float32")
+    base = dataclasses.replace(
+        load_params().base,
+        source="hub",
+        model_id=str(hub),
+        revision="0123456789abcdef0123456789abcdef01234567",
+        dtype="float32",
+    )
     record = build_base(base, 0, tmp_path / "unused.jsonl", tmp_path / "base")
     assert record["source"] == "hub" and record["n_params"] > 0 and record["dtype"] == "float32"
     assert read_base_record(tmp_path / "base") == record

@@ -1,18 +1,26 @@
 """The typed params loader and the Hydra profile composition."""
+
 from __future__ import annotations
 
 import pytest
 import yaml
 
-from sqlrl.params import (PARAMS_FILE, ParamsError, compose_params, composed_yaml, load_params,
-                          params_from_dict)
+from sqlrl.params import (
+    PARAMS_FILE,
+    ParamsError,
+    compose_params,
+    composed_yaml,
+    load_params,
+    params_from_dict,
+)
 
 PROFILES = ["cpu", "smoke", "qwen2.5-coder-3b"]
 
 
 def test_committed_params_yaml_is_the_composed_default_profile():
     assert PARAMS_FILE.read_text() == composed_yaml(), (
-        "params.yaml is stale: recompose it with `python -m sqlrl.params > params.yaml`")
+        "params.yaml is stale: recompose it with `python -m sqlrl.params > params.yaml`"
+    )
     assert load_params().profile == "cpu"
 
 
@@ -41,16 +49,38 @@ def test_reference_grpo_sees_many_questions_per_step_with_the_filter_on():
 def test_rehearsal_profile_keeps_the_reference_settings_a_cpu_can_run():
     ref = params_from_dict(compose_params("qwen2.5-coder-3b"))
     reh = params_from_dict(compose_params("qwen-rehearsal"))
-    assert (reh.base.source, reh.base.tokenizer, reh.base.dtype) == ("scratch", "qwen2.5",
-                                                                      "bfloat16")
+    assert (reh.base.source, reh.base.tokenizer, reh.base.dtype) == (
+        "scratch",
+        "qwen2.5",
+        "bfloat16",
+    )
     for section in ("prepare", "sft", "grpo"):
         a, b = getattr(ref, section), getattr(reh, section)
-        same = [k for k in ("schema_format", "sample_rows", "max_prompt_tokens", "max_length",
-                            "use_lora", "lora", "batch_size", "grad_accum", "temperature",
-                            "executable_credit", "gradient_checkpointing", "learning_rate",
-                            "loss_type", "beta", "epsilon", "epsilon_high", "scale_rewards",
-                            "reward_weights", "drop_empty_gold")
-                if hasattr(a, k) and not (section == "grpo" and k == "grad_accum")]
+        same = [
+            k
+            for k in (
+                "schema_format",
+                "sample_rows",
+                "max_prompt_tokens",
+                "max_length",
+                "use_lora",
+                "lora",
+                "batch_size",
+                "grad_accum",
+                "temperature",
+                "executable_credit",
+                "gradient_checkpointing",
+                "learning_rate",
+                "loss_type",
+                "beta",
+                "epsilon",
+                "epsilon_high",
+                "scale_rewards",
+                "reward_weights",
+                "drop_empty_gold",
+            )
+            if hasattr(a, k) and not (section == "grpo" and k == "grad_accum")
+        ]
         assert [getattr(a, k) for k in same] == [getattr(b, k) for k in same], section
     assert not (reh.sft.bf16 or reh.grpo.bf16 or reh.grpo.use_vllm)
     assert reh.grpo.prompts_per_step() >= 8  # GRPO's completions are cut for the CPU only
@@ -69,7 +99,9 @@ def test_every_profile_sets_precision_and_checkpointing_itself(profile):
         todo += [d for d in data.get("defaults", []) if isinstance(d, str)]
     for section in ("sft", "grpo"):
         for key in ("bf16", "gradient_checkpointing"):
-            assert any(key in data.get(section, {}) for data in chain), f"{profile}: {section}.{key}"
+            assert any(key in data.get(section, {}) for data in chain), (
+                f"{profile}: {section}.{key}"
+            )
 
 
 def test_the_cpu_default_trains_in_fp32_unless_bf16_is_fast_and_uses_its_cores():
@@ -93,7 +125,9 @@ def test_schema_grounding_is_off_in_the_reference_profile():
 
 def test_overrides_compose_like_dvc_exp_run_set_param():
     assert compose_params(overrides=["grpo.steps=500"])["grpo"]["steps"] == 500
-    assert compose_params("smoke", ["prepare.schema_format=ddl"])["prepare"]["schema_format"] == "ddl"
+    assert (
+        compose_params("smoke", ["prepare.schema_format=ddl"])["prepare"]["schema_format"] == "ddl"
+    )
 
 
 def _params_dict():

@@ -1,4 +1,5 @@
 """End to end: the real DVC pipeline on the `smoke` profile (see the smoke_repo fixture)."""
+
 from __future__ import annotations
 
 import json
@@ -34,15 +35,21 @@ def test_smoke_run_writes_sane_metrics(smoke_repo):
         report = _metrics(smoke_repo, f"eval_{name}")
         assert report["n"] + report["skipped"] == prepared["dev"]["examples"]
         assert report["n_trivial_gold"] <= report["n"] and "repaired" in report  # schema repair on
-        rows = [json.loads(line) for line in
-                (smoke_repo / "data" / "predictions" / f"{name}.jsonl").read_text().splitlines()]
+        rows = [
+            json.loads(line)
+            for line in (smoke_repo / "data" / "predictions" / f"{name}.jsonl")
+            .read_text()
+            .splitlines()
+        ]
         assert len(rows) == prepared["dev"]["examples"]
         # the metrics are the predictions file's: a reviewer can recount them from it
         scored = [r for r in rows if r["status"] != "skipped"]
         assert (report["n"], report["skipped"]) == (len(scored), len(rows) - len(scored))
         assert report["ex"] == pytest.approx(sum(r["ex"] for r in scored) / len(scored), abs=1e-6)
         assert report["em"] == pytest.approx(sum(r["em"] for r in scored) / len(scored), abs=1e-6)
-        assert {"question", "db_id", "gold", "pred", "ex", "em", "hardness", "status"} <= set(rows[0])
+        assert {"question", "db_id", "gold", "pred", "ex", "em", "hardness", "status"} <= set(
+            rows[0]
+        )
     assert "ci95" in _metrics(smoke_repo, "eval_final")["vs_sft"]["dev"]
     assert "ci95" in _metrics(smoke_repo, "eval_sft")["vs_base"]["dev"]
 
@@ -54,14 +61,23 @@ def test_the_final_model_loads_and_reproduces_its_committed_predictions(smoke_re
     from sqlrl.prompts import render_prompt
 
     params = yaml.safe_load((smoke_repo / "params.yaml").read_text())["eval"]
-    dev = [json.loads(line) for line in
-           (smoke_repo / "data" / "prepared" / "dev.jsonl").read_text().splitlines()]
-    predicted = [json.loads(line) for line in
-                 (smoke_repo / "data" / "predictions" / "final.jsonl").read_text().splitlines()]
+    dev = [
+        json.loads(line)
+        for line in (smoke_repo / "data" / "prepared" / "dev.jsonl").read_text().splitlines()
+    ]
+    predicted = [
+        json.loads(line)
+        for line in (smoke_repo / "data" / "predictions" / "final.jsonl").read_text().splitlines()
+    ]
     todo = [i for i, row in enumerate(dev) if row["prompt"] and row.get("db_present", True)]
     generator, tokenizer = make_generator(
-        smoke_repo / "models" / "final", use_vllm=False, batch_size=params["batch_size"],
-        max_new_tokens=params["max_new_tokens"], seed=0, progress=False)
+        smoke_repo / "models" / "final",
+        use_vllm=False,
+        batch_size=params["batch_size"],
+        max_new_tokens=params["max_new_tokens"],
+        seed=0,
+        progress=False,
+    )
     outputs = generator.generate([render_prompt(tokenizer, dev[i]["prompt"]) for i in todo])
     assert outputs == [predicted[i]["output"] for i in todo]
 
@@ -97,9 +113,16 @@ def test_second_repro_does_nothing_and_params_rerun_only_their_stages(smoke_repo
         params_file.write_text(original)
 
 
-TIMING_KEYS = {"wall_seconds", "tokens_per_second", "generation_seconds", "examples_per_second",
-               "seconds_per_step", "train_runtime", "train_samples_per_second",
-               "train_steps_per_second"}
+TIMING_KEYS = {
+    "wall_seconds",
+    "tokens_per_second",
+    "generation_seconds",
+    "examples_per_second",
+    "seconds_per_step",
+    "train_runtime",
+    "train_samples_per_second",
+    "train_steps_per_second",
+}
 
 
 def _without_timings(value):
@@ -109,14 +132,16 @@ def _without_timings(value):
     return value
 
 
-def test_a_second_run_from_scratch_gives_identical_metrics_and_predictions(smoke_repo,
-                                                                          tmp_path_factory):
+def test_a_second_run_from_scratch_gives_identical_metrics_and_predictions(
+    smoke_repo, tmp_path_factory
+):
     from tests.conftest import make_smoke_repo
 
     again = make_smoke_repo(tmp_path_factory.mktemp("repo_again"))
     names = sorted(p.name for p in (smoke_repo / "metrics").glob("*.json"))
-    assert {"prepare.json", "sft.json", "grpo_prompts.json", "grpo.json",
-            "eval_final.json"} <= set(names)
+    assert {"prepare.json", "sft.json", "grpo_prompts.json", "grpo.json", "eval_final.json"} <= set(
+        names
+    )
     for name in names:
         first = json.loads((smoke_repo / "metrics" / name).read_text())
         second = json.loads((again / "metrics" / name).read_text())

@@ -1,4 +1,5 @@
 """The prepare stage on a small Spider-layout fixture cut from the real release."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,7 +12,12 @@ from sqlrl.params import load_params
 from sqlrl.prepare import prepare, split_heldout
 from sqlrl.spider import Example, SpiderDataError
 
-DBS = ["concert_singer", "department_management", "farm", "wta_1"]  # wta_1 is absent from this copy of Spider
+DBS = [
+    "concert_singer",
+    "department_management",
+    "farm",
+    "wta_1",
+]  # wta_1 is absent from this copy of Spider
 
 
 @pytest.fixture
@@ -56,7 +62,10 @@ def test_prepare_writes_all_splits_and_counts_absent_databases(mini_root):
     assert metrics["dev"]["absent_databases"] == ["wta_1"]
     # rows carry what later stages need, with repo-relative database paths
     assert sft[0]["completion"][0]["role"] == "assistant"
-    assert grpo[0]["db_path"] == f"data/raw/spider/database/{grpo[0]['db_id']}/{grpo[0]['db_id']}.sqlite"
+    assert (
+        grpo[0]["db_path"]
+        == f"data/raw/spider/database/{grpo[0]['db_id']}/{grpo[0]['db_id']}.sqlite"
+    )
     assert (mini_root / grpo[0]["db_path"]).is_file()
     assert grpo[0]["question"] in sft[0]["prompt"][-1]["content"]  # for the reward's repair
     assert {r["question"] for r in heldout}.isdisjoint({r["prompt"][1]["content"] for r in sft})
@@ -67,7 +76,9 @@ def test_train_examples_of_absent_databases_are_counted_not_dropped_silently(min
     spider = mini_root / "data" / "raw" / "spider"
     shutil.rmtree(spider / "database" / "farm")
     metrics = prepare(_params(heldout_fraction=0.0), seed=1, root=mini_root)
-    n_farm = sum(e["db_id"] == "farm" for e in json.loads((spider / "train_spider.json").read_text()))
+    n_farm = sum(
+        e["db_id"] == "farm" for e in json.loads((spider / "train_spider.json").read_text())
+    )
     assert metrics["train"]["skipped_db_absent"] == n_farm > 0
     assert metrics["train"]["absent_databases"] == ["farm"]
     assert all(r["db_id"] != "farm" for r in _read(mini_root, "grpo.jsonl"))
@@ -84,8 +95,12 @@ def test_prepare_is_deterministic_and_seed_changes_the_heldout_split(mini_root):
 
 def test_heldout_takes_the_fraction_of_each_databases_queries_with_all_their_questions():
     """Paraphrases of one query (spacing and case aside) go to the same side."""
-    examples = [Example(db, f"q{i}{p}", f"SELECT {i} FROM t" if p else f"select  {i} from T", "")
-                for db in ("a", "b") for i in range(20) for p in (0, 1)]
+    examples = [
+        Example(db, f"q{i}{p}", f"SELECT {i} FROM t" if p else f"select  {i} from T", "")
+        for db in ("a", "b")
+        for i in range(20)
+        for p in (0, 1)
+    ]
     train, heldout, stats = split_heldout(examples, 0.1, seed=3)
     assert [sum(e.db_id == db for e in heldout) for db in ("a", "b")] == [4, 4]
     assert stats == {"groups_train": 36, "groups_heldout": 4}
@@ -106,8 +121,9 @@ def test_no_heldout_gold_query_is_trained_on_in_the_real_prepared_data(spider_di
     heldout = _read(root, "heldout.jsonl")
     assert len(heldout) > 500 and metrics["train"]["groups_heldout"] > 0
     held = {(r["db_id"], query_key(r["gold"])) for r in heldout}
-    trained = {(r["db_id"], query_key(r["completion"][0]["content"]))
-               for r in _read(root, "sft.jsonl")}
+    trained = {
+        (r["db_id"], query_key(r["completion"][0]["content"])) for r in _read(root, "sft.jsonl")
+    }
     trained |= {(r["db_id"], query_key(r["gold_sql"])) for r in _read(root, "grpo.jsonl")}
     assert not held & trained
 
@@ -147,10 +163,16 @@ def test_unknown_db_id_names_the_file_and_item(mini_root):
 def test_schema_without_tables_is_named(mini_root):
     path = mini_root / "data/raw/spider/tables.json"
     tables = json.loads(path.read_text())
-    tables[0].update(table_names_original=[], table_names=[],
-                     column_names_original=[[-1, "*"]], column_types=["text"])
+    tables[0].update(
+        table_names_original=[],
+        table_names=[],
+        column_names_original=[[-1, "*"]],
+        column_types=["text"],
+    )
     path.write_text(json.dumps(tables))
-    with pytest.raises(SpiderDataError, match=f"'{tables[0]['db_id']}' has a schema with no tables"):
+    with pytest.raises(
+        SpiderDataError, match=f"'{tables[0]['db_id']}' has a schema with no tables"
+    ):
         prepare(_params(), seed=1, root=mini_root)
 
 
@@ -159,7 +181,9 @@ def test_unencodable_question_is_named(mini_root):
     items = json.loads(path.read_text())
     items[2]["question"] = "Bad \ud800 surrogate"
     path.write_text(json.dumps(items))
-    with pytest.raises(SpiderDataError, match=r"train_spider.json: item 2 question: not valid Unicode"):
+    with pytest.raises(
+        SpiderDataError, match=r"train_spider.json: item 2 question: not valid Unicode"
+    ):
         prepare(_params(), seed=1, root=mini_root)
 
 
@@ -184,6 +208,7 @@ def test_schema_mentions_are_marked_in_every_split(mini_root):
 
 def test_augmentation_with_sample_rows_is_refused(mini_root):
     from sqlrl.params import ParamsError
+
     base = load_params().prepare.augment
     aug = dataclasses.replace(base, copies=1, rename_prob=0.5)
     with pytest.raises(ParamsError, match="sample_rows"):
@@ -197,8 +222,11 @@ def _largest_db_tokens(root, rows):
     tokenizer = build_qwen25_tokenizer()
     longest: dict[str, int] = {}
     for r in rows:
-        n = len(tokenizer.apply_chat_template(r["prompt"], tokenize=True, return_dict=True,
-                                              add_generation_prompt=True)["input_ids"])
+        n = len(
+            tokenizer.apply_chat_template(
+                r["prompt"], tokenize=True, return_dict=True, add_generation_prompt=True
+            )["input_ids"]
+        )
         longest[r["db_id"]] = max(longest.get(r["db_id"], 0), n)
     return longest
 
@@ -213,14 +241,17 @@ def test_max_prompt_tokens_trims_sample_rows_of_large_schemas_only(mini_root):
     spider = mini_root / "data" / "raw" / "spider"
     schemas = load_schemas(spider / "tables.json")
     params = _params(schema_format="ddl", sample_rows=3)
-    sizes = {db: prompt_tokens(serialize_schema(schemas[db], "ddl", database_path(spider, db), 3),
-                               params.system_prompt) for db in DBS[:3]}
+    sizes = {
+        db: prompt_tokens(
+            serialize_schema(schemas[db], "ddl", database_path(spider, db), 3), params.system_prompt
+        )
+        for db in DBS[:3]
+    }
     biggest = max(sizes, key=sizes.get)
     budget = max(v for k, v in sizes.items() if k != biggest) + QUESTION_TOKENS  # all but one fit
     assert prepare(params, seed=1, root=mini_root)["sample_rows_reduced"] == {}
 
-    metrics = prepare(dataclasses.replace(params, max_prompt_tokens=budget), seed=1,
-                      root=mini_root)
+    metrics = prepare(dataclasses.replace(params, max_prompt_tokens=budget), seed=1, root=mini_root)
     assert set(metrics["sample_rows_reduced"]) == {biggest}
     assert metrics["sample_rows_reduced"][biggest] < 3
     rows = _read(mini_root, "sft.jsonl")

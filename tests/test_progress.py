@@ -1,4 +1,5 @@
 """Progress output (sqlrl/progress.py): a bar on a terminal, a line per 5% elsewhere."""
+
 from __future__ import annotations
 
 import io

@@ -1,4 +1,5 @@
 """The prompt settings saved with a model (sqlrl/prompt_settings.py), which the server reads."""
+
 from __future__ import annotations
 
 import json
@@ -6,8 +7,12 @@ import json
 import pytest
 
 from sqlrl.params import load_params
-from sqlrl.prompt_settings import (PROMPT_SETTINGS_FILE, PromptSettingsError,
-                                   read_prompt_settings, write_prompt_settings)
+from sqlrl.prompt_settings import (
+    PROMPT_SETTINGS_FILE,
+    PromptSettingsError,
+    read_prompt_settings,
+    write_prompt_settings,
+)
 
 
 def test_saved_settings_read_back_and_a_damaged_file_stops_the_server_at_startup(tmp_path):
@@ -18,14 +23,19 @@ def test_saved_settings_read_back_and_a_damaged_file_stops_the_server_at_startup
     assert path == tmp_path / PROMPT_SETTINGS_FILE
     prep = params.prepare
     assert read_prompt_settings(tmp_path) == {
-        "schema_format": prep.schema_format, "sample_rows": prep.sample_rows,
-        "max_prompt_tokens": prep.max_prompt_tokens, "system_prompt": prep.system_prompt,
+        "schema_format": prep.schema_format,
+        "sample_rows": prep.sample_rows,
+        "max_prompt_tokens": prep.max_prompt_tokens,
+        "system_prompt": prep.system_prompt,
         "mark_schema_mentions": prep.mark_schema_mentions,
-        "schema_repair": params.eval.schema_repair}
+        "schema_repair": params.eval.schema_repair,
+    }
     saved = json.loads(path.read_text())
-    for field, bad, why in [("sample_rows", "3", "sample_rows must be of type int, got '3'"),
-                            ("mark_schema_mentions", 1, "mark_schema_mentions must be of type"),
-                            ("max_prompt_tokens", True, "max_prompt_tokens must be of type int")]:
+    for field, bad, why in [
+        ("sample_rows", "3", "sample_rows must be of type int, got '3'"),
+        ("mark_schema_mentions", 1, "mark_schema_mentions must be of type"),
+        ("max_prompt_tokens", True, "max_prompt_tokens must be of type int"),
+    ]:
         path.write_text(json.dumps({**saved, field: bad}))
         with pytest.raises(PromptSettingsError, match=why):
             read_prompt_settings(tmp_path)

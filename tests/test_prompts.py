@@ -1,10 +1,18 @@
 """The prompt builder: both schema formats, golden examples from real Spider databases."""
+
 from __future__ import annotations
 
 import pytest
 
-from sqlrl.prompts import (build_messages, compact_schema, completion_message, ddl_schema,
-                           normalize_sql_whitespace, quote_identifier, serialize_schema)
+from sqlrl.prompts import (
+    build_messages,
+    compact_schema,
+    completion_message,
+    ddl_schema,
+    normalize_sql_whitespace,
+    quote_identifier,
+    serialize_schema,
+)
 from sqlrl.spider import database_path, load_schemas
 
 
@@ -18,11 +26,14 @@ def test_compact_schema_golden_concert_singer(schemas):
         "stadium | Stadium_ID, Location, Name, Capacity, Highest, Lowest, Average | "
         "singer | Singer_ID, Name, Country, Song_Name, Song_release_year, Age, Is_male | "
         "concert | concert_ID, concert_Name, Theme, Stadium_ID, Year | "
-        "singer_in_concert | concert_ID, Singer_ID")
+        "singer_in_concert | concert_ID, Singer_ID"
+    )
 
 
 def test_ddl_schema_golden_perpetrator_quotes_and_keys(schemas):
-    assert ddl_schema(schemas["perpetrator"]) == """\
+    assert (
+        ddl_schema(schemas["perpetrator"])
+        == """\
 CREATE TABLE perpetrator (
   Perpetrator_ID NUMBER,
   People_ID NUMBER,
@@ -44,11 +55,15 @@ CREATE TABLE people (
   "Home Town" TEXT,
   PRIMARY KEY (People_ID)
 );"""
+    )
 
 
 def test_ddl_sample_rows_come_from_the_database(schemas, spider_dir):
     text = ddl_schema(schemas["concert_singer"], database_path(spider_dir, "concert_singer"), 2)
-    assert "/* 2 example rows from singer:\n1, 'Joe Sharp', 'Netherlands', 'You', '1992', 52, 'F'" in text
+    assert (
+        "/* 2 example rows from singer:\n1, 'Joe Sharp', 'Netherlands', 'You', '1992', 52, 'F'"
+        in text
+    )
     assert text.count("example rows from") == 4
 
 
@@ -67,8 +82,9 @@ def test_messages_are_system_then_user_with_schema_and_question(schemas):
     messages = build_messages(schema, "  How many\tsingers do we have? ", "SYS")
     assert [m["role"] for m in messages] == ["system", "user"]
     assert messages[0]["content"] == "SYS"
-    assert messages[1]["content"] == (f"Database schema:\n{schema}\n\n"
-                                      "Question: How many singers do we have?")
+    assert messages[1]["content"] == (
+        f"Database schema:\n{schema}\n\nQuestion: How many singers do we have?"
+    )
 
 
 def test_messages_refuse_empty_question_or_schema():
@@ -86,7 +102,8 @@ def test_odd_unicode_question_survives_unchanged_apart_from_whitespace():
 def test_completion_collapses_whitespace_outside_literals_only():
     sql = "SELECT name ,  age FROM head WHERE name  =  'Ann  Lee'  AND  x = \"a  b\""
     assert normalize_sql_whitespace(sql) == (
-        "SELECT name , age FROM head WHERE name = 'Ann  Lee' AND x = \"a  b\"")
+        "SELECT name , age FROM head WHERE name = 'Ann  Lee' AND x = \"a  b\""
+    )
     assert completion_message("SELECT  1") == [{"role": "assistant", "content": "SELECT 1"}]
 
 
@@ -106,8 +123,10 @@ def test_prompts_render_as_qwen25_sees_them_and_the_scratch_model_matches():
 
     messages = build_messages("t | a", "Q?", "S")
     qwen = render_prompt(build_qwen25_tokenizer(), messages)
-    assert qwen == ("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n"
-                    "Database schema:\nt | a\n\nQuestion: Q?<|im_end|>\n"
-                    "<|im_start|>assistant\n")
+    assert qwen == (
+        "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n"
+        "Database schema:\nt | a\n\nQuestion: Q?<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
     scratch = to_transformers_tokenizer(train_tokenizer(["SELECT a FROM t"] * 10, 300))
     assert render_prompt(scratch, messages) == qwen

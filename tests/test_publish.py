@@ -1,4 +1,5 @@
 """Publishing: the dry run writes the model and its card; a push without a token says why."""
+
 from __future__ import annotations
 
 import json

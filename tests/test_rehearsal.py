@@ -1,5 +1,6 @@
 """The reference GPU profile rehearsed end to end on a CPU (`dvc exp run -S
 profile=qwen-rehearsal`): what a GPU user of qwen2.5-coder-3b would care about."""
+
 from __future__ import annotations
 
 import json

@@ -1,4 +1,5 @@
 """The pull-request report: tables, flipped questions and PNG plots against a baseline rev."""
+
 from __future__ import annotations
 
 import json
@@ -34,18 +35,31 @@ def repo(tmp_path):
     run_cli(["dvc", "init", "-q"], tmp_path)
     (tmp_path / "dvc.yaml").write_text(
         "stages:\n  ev:\n    cmd: 'true'\n    params: [eval]\n    metrics:\n"
-        "      - metrics/eval_sft.json:\n          cache: false\n")
+        "      - metrics/eval_sft.json:\n          cache: false\n"
+    )
     _write(tmp_path, "params.yaml", "eval:\n  batch_size: 8\n")
-    _write(tmp_path, "metrics/eval_sft.json",
-           {"ex": 0.5, "em": 0.25, "n": 2, "by_hardness": {"easy": {"n": 2, "ex": 0.5, "em": 0.25}}})
+    _write(
+        tmp_path,
+        "metrics/eval_sft.json",
+        {"ex": 0.5, "em": 0.25, "n": 2, "by_hardness": {"easy": {"n": 2, "ex": 0.5, "em": 0.25}}},
+    )
     _write(tmp_path, "data/predictions/sft.jsonl", [_pred("q1", 1, "A"), _pred("q2", 0, "B")])
     _write(tmp_path, "dvclive/sft/plots/metrics/loss.tsv", [3.0, 2.0, 1.5])
     run_cli(GIT + ["add", "-A"], tmp_path)
     run_cli(GIT + ["commit", "-qm", "baseline"], tmp_path)
     _write(tmp_path, "params.yaml", "eval:\n  batch_size: 16\n")
-    _write(tmp_path, "metrics/eval_sft.json",
-           {"ex": 1.0, "em": 0.5, "n": 2, "ex_nontrivial": 1.0, "n_trivial_gold": 1,
-            "by_hardness": {"easy": {"n": 2, "ex": 1.0, "em": 0.5}}})
+    _write(
+        tmp_path,
+        "metrics/eval_sft.json",
+        {
+            "ex": 1.0,
+            "em": 0.5,
+            "n": 2,
+            "ex_nontrivial": 1.0,
+            "n_trivial_gold": 1,
+            "by_hardness": {"easy": {"n": 2, "ex": 1.0, "em": 0.5}},
+        },
+    )
     _write(tmp_path, "data/predictions/sft.jsonl", [_pred("q1", 1, "A"), _pred("q2", 1, "C")])
     _write(tmp_path, "dvclive/sft/plots/metrics/loss.tsv", [3.0, 1.0, 0.5])
     return tmp_path
@@ -59,7 +73,9 @@ def test_report_shows_diffs_flips_and_plots(repo):
     # DVC's own tables (`dvc params diff --md`, `dvc metrics diff --md`)
     assert re.search(r"\| params.yaml +\| eval.batch_size +\| 8 +\| 16 +\|", text)
     assert re.search(r"\| metrics/eval_sft.json +\| ex +\| 0.5 +\| 1.0 +\| 0.5 +\|", text)
-    assert "`sft`: 1 fixed, 0 broken" in text and "| 1 | fixed | q2 | `SELECT 1` | `B` | `C` |" in text
+    assert (
+        "`sft`: 1 fixed, 0 broken" in text and "| 1 | fixed | q2 | `SELECT 1` | `B` | `C` |" in text
+    )
     for png in ("sft_loss.png", "ex_by_hardness.png"):
         assert (repo / "report" / png).read_bytes()[:4] == b"\x89PNG"
         assert f"![{png}]({png})" in text

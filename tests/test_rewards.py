@@ -1,4 +1,5 @@
 """The GRPO execution reward: right answers score 1, anything else 0, absent databases None."""
+
 from __future__ import annotations
 
 import shutil
@@ -12,8 +13,10 @@ from sqlrl.paths import REPO_ROOT
 from sqlrl.rewards import execution_reward, make_execution_reward, make_rewards, syntax_reward
 
 GOLD = "SELECT name FROM singer WHERE age > 40"
-SLOW = "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < {n}) " \
-       "SELECT count(*) FROM r"
+SLOW = (
+    "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < {n}) "
+    "SELECT count(*) FROM r"
+)
 
 
 @pytest.fixture(scope="module")
@@ -50,10 +53,10 @@ def test_right_results_score_one_and_wrong_ones_zero(rewards, relative_db):
     execution, _ = rewards
     completions = [
         "```sql\nSELECT name FROM singer WHERE age > 40;\n```",
-        "SELECT name FROM singer WHERE age >= 41",                       # other SQL, same rows
-        "SQL: SELECT name FROM singer WHERE age > 30",                   # more rows
+        "SELECT name FROM singer WHERE age >= 41",  # other SQL, same rows
+        "SQL: SELECT name FROM singer WHERE age > 30",  # more rows
         [{"role": "assistant", "content": "SELECT Name FROM singer WHERE 40 < age"}],
-        "SELECT name, age FROM singer WHERE age > 40",                   # extra column
+        "SELECT name, age FROM singer WHERE age > 40",  # extra column
         "I cannot answer that.",
     ]
     scores = execution(completions, db_path=[relative_db] * 6, gold_sql=[GOLD] * 6)
@@ -71,29 +74,41 @@ def test_an_absent_database_is_not_scored(rewards, spider_dir, tmp_path):
 
 
 BAD_COMPLETIONS = [
-    "", "   ", "garbage ~~ !!", "The answer is 42.", "DELETE FROM singer",
-    "UPDATE singer SET age = 0", "DROP TABLE singer", "SELECT 1; DROP TABLE singer",
+    "",
+    "   ",
+    "garbage ~~ !!",
+    "The answer is 42.",
+    "DELETE FROM singer",
+    "UPDATE singer SET age = 0",
+    "DROP TABLE singer",
+    "SELECT 1; DROP TABLE singer",
     "SELECT name FROM singer WHERE age > 40; DELETE FROM singer",
-    "ATTACH 'evil.db' AS evil", "PRAGMA query_only = 0", "PRAGMA writable_schema = 1",
-    "VACUUM INTO 'copy.db'", "SELECT load_extension('evil')", "SELECT name\x00 FROM singer",
-    "SELECT " + "1 + " * 300_000 + "1", "SELECT " + "(" * 3_000 + "1" + ")" * 3_000,
-    SLOW.format(n="1e18"), "SELECT zeroblob(2e9)", "```sql\nCREATE TABLE t (x int)\n```",
+    "ATTACH 'evil.db' AS evil",
+    "PRAGMA query_only = 0",
+    "PRAGMA writable_schema = 1",
+    "VACUUM INTO 'copy.db'",
+    "SELECT load_extension('evil')",
+    "SELECT name\x00 FROM singer",
+    "SELECT " + "1 + " * 300_000 + "1",
+    "SELECT " + "(" * 3_000 + "1" + ")" * 3_000,
+    SLOW.format(n="1e18"),
+    "SELECT zeroblob(2e9)",
+    "```sql\nCREATE TABLE t (x int)\n```",
 ]
 
 
-def test_bad_completions_score_zero_quickly_and_change_nothing(rewards, private_db, tmp_path,
-                                                               monkeypatch):
+def test_bad_completions_score_zero_quickly_and_change_nothing(
+    rewards, private_db, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)
     execution, _ = rewards
-    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.rglob("*")
-              if p.is_file()}
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file()}
     n = len(BAD_COMPLETIONS)
     start = time.monotonic()
     scores = execution(BAD_COMPLETIONS, db_path=[str(private_db)] * n, gold_sql=[GOLD] * n)
     assert scores == [0.0] * n
     assert time.monotonic() - start < 10.0  # one 0.5 s timeout, everything else immediate
-    after = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.rglob("*")
-             if p.is_file()}
+    after = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file()}
     assert after == before
 
 
@@ -108,17 +123,25 @@ def test_a_prediction_that_streams_forever_scores_zero_without_waiting(relative_
 def test_the_syntax_reward_pays_for_sql_that_executes(rewards, relative_db):
     _, syntax = rewards
     completions = [GOLD, "SELECT count(*) FROM singer", "SELEC name", "DROP TABLE singer", ""]
-    assert syntax(completions, db_path=[relative_db] * 5, gold_sql=[GOLD] * 5) == \
-        [1.0, 1.0, 0.0, 0.0, 0.0]
+    assert syntax(completions, db_path=[relative_db] * 5, gold_sql=[GOLD] * 5) == [
+        1.0,
+        1.0,
+        0.0,
+        0.0,
+        0.0,
+    ]
     assert syntax(completions[:2], db_path=[relative_db] * 2) == [1.0, 1.0]  # no gold needed
 
 
-@pytest.mark.parametrize("call", [
-    lambda f, db: f(["SELECT 1"] * 3, db_path=[db] * 2, gold_sql=[GOLD] * 3),
-    lambda f, db: f([None, 3, {"content": None}], db_path=[db] * 3, gold_sql=[GOLD] * 3),
-    lambda f, db: f(["SELECT 1"], db_path=[None], gold_sql=[None]),
-    lambda f, db: f(["SELECT 1"], db_path=[["not", "a", "path"]], gold_sql=[GOLD]),
-])
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda f, db: f(["SELECT 1"] * 3, db_path=[db] * 2, gold_sql=[GOLD] * 3),
+        lambda f, db: f([None, 3, {"content": None}], db_path=[db] * 3, gold_sql=[GOLD] * 3),
+        lambda f, db: f(["SELECT 1"], db_path=[None], gold_sql=[None]),
+        lambda f, db: f(["SELECT 1"], db_path=[["not", "a", "path"]], gold_sql=[GOLD]),
+    ],
+)
 def test_unusable_batches_never_raise(rewards, relative_db, call):
     execution, syntax = rewards
     for fn in (execution, syntax):
@@ -130,9 +153,16 @@ def test_unusable_batches_never_raise(rewards, relative_db, call):
 def test_trl_keyword_arguments_are_accepted_and_metrics_logged(rewards, relative_db):
     execution, _ = rewards
     logged = {}
-    scores = execution(prompts=["q"] * 2, completions=[GOLD, "SELEC"], completion_ids=[[1], [2]],
-                       db_path=[relative_db] * 2, gold_sql=[GOLD] * 2, trainer_state=None,
-                       log_extra=lambda *a: None, log_metric=logged.__setitem__)
+    scores = execution(
+        prompts=["q"] * 2,
+        completions=[GOLD, "SELEC"],
+        completion_ids=[[1], [2]],
+        db_path=[relative_db] * 2,
+        gold_sql=[GOLD] * 2,
+        trainer_state=None,
+        log_extra=lambda *a: None,
+        log_metric=logged.__setitem__,
+    )
     assert scores == [1.0, 0.0]
     assert logged["execution/error_frac"] == 0.5 and logged["execution/timeout_frac"] == 0.0
 
@@ -155,10 +185,15 @@ def test_parallel_scoring_agrees_with_inline_scoring(relative_db, spider_dir, ba
     batch = []
     for i in range(40):
         batch.append((f"SELECT name FROM singer WHERE age > {i}", relative_db, GOLD))
-        batch.append((f"SELECT count(*) FROM country WHERE population > {i * 1000}",
-                      str(world), "SELECT count(*) FROM country WHERE population > 5000"))
+        batch.append(
+            (
+                f"SELECT count(*) FROM country WHERE population > {i * 1000}",
+                str(world),
+                "SELECT count(*) FROM country WHERE population > 5000",
+            )
+        )
     batch.append((SLOW.format(n="1e18"), relative_db, GOLD))
-    completions, paths, golds = map(list, zip(*batch))
+    completions, paths, golds = map(list, zip(*batch, strict=False))
     inline = make_execution_reward(ExecLimits(timeout_s=0.5), workers=1)
     parallel = make_execution_reward(ExecLimits(timeout_s=0.5), workers=2, backend=backend)
     try:
@@ -183,18 +218,25 @@ def test_a_failing_worker_pool_does_not_fail_the_batch(relative_db, monkeypatch)
     assert scores == [1.0 if 32 <= i < 41 else 0.0 for i in range(35, 75)]
 
 
-
 def test_with_schema_repair_the_repaired_sql_is_rewarded(spider_dir, relative_db, caplog):
     """grpo.schema_repair: a memorised table name is judged after mapping onto the schema."""
     from sqlrl.spider import load_schemas
 
-    execution, syntax = make_rewards(ExecLimits(timeout_s=0.5), workers=1,
-                                     schemas=load_schemas(spider_dir / "tables.json"))
+    execution, syntax = make_rewards(
+        ExecLimits(timeout_s=0.5), workers=1, schemas=load_schemas(spider_dir / "tables.json")
+    )
     plain, _ = make_rewards(ExecLimits(timeout_s=0.5), workers=1)
-    completions = ["SELECT count(*) FROM performance", "SELECT count(*) FROM singer",
-                   "SELECT count(*) FROM stadium"]
-    columns = dict(db_path=[relative_db] * 3, gold_sql=["SELECT count(*) FROM singer"] * 3,
-                   db_id=["concert_singer"] * 3, question=["How many singers do we have?"] * 3)
+    completions = [
+        "SELECT count(*) FROM performance",
+        "SELECT count(*) FROM singer",
+        "SELECT count(*) FROM stadium",
+    ]
+    columns = dict(
+        db_path=[relative_db] * 3,
+        gold_sql=["SELECT count(*) FROM singer"] * 3,
+        db_id=["concert_singer"] * 3,
+        question=["How many singers do we have?"] * 3,
+    )
     try:
         assert execution(completions, **columns) == [1.0, 1.0, 0.0]
         assert plain(completions, **columns) == [0.0, 1.0, 0.0]
@@ -212,8 +254,11 @@ def test_executable_credit_rewards_sql_that_runs_but_is_wrong(relative_db):
     """grpo.executable_credit (Arctic-Text2SQL-R1: 0.1): right 1.0, runs 0.1, fails 0.0."""
     execution, _ = make_rewards(ExecLimits(timeout_s=0.5), workers=1, executable_credit=0.1)
     try:
-        scores = execution([GOLD, "SELECT name FROM singer", "SELECT nope FROM singer"],
-                           db_path=[relative_db] * 3, gold_sql=[GOLD] * 3)
+        scores = execution(
+            [GOLD, "SELECT name FROM singer", "SELECT nope FROM singer"],
+            db_path=[relative_db] * 3,
+            gold_sql=[GOLD] * 3,
+        )
     finally:
         execution.pool.close()
     assert scores == [1.0, 0.1, 0.0]
@@ -227,20 +272,38 @@ def test_executable_credit_out_of_range_is_refused():
 def test_one_odd_completion_does_not_zero_the_batch(rewards, relative_db):
     """A NUL or lone surrogate in one completion scored the whole batch 0.0."""
     execution, syntax = rewards
-    completions = [GOLD, "SELECT 1\x00;", "SELECT name FROM singer WHERE age > 40; \ud800 prose",
-                   "```sql\nSELECT 1\x00; DROP TABLE singer\n```", GOLD + ";"]
+    completions = [
+        GOLD,
+        "SELECT 1\x00;",
+        "SELECT name FROM singer WHERE age > 40; \ud800 prose",
+        "```sql\nSELECT 1\x00; DROP TABLE singer\n```",
+        GOLD + ";",
+    ]
     n = len(completions)
-    assert execution(completions, db_path=[relative_db] * n, gold_sql=[GOLD] * n) == \
-        [1.0, 0.0, 1.0, 0.0, 1.0]
-    assert syntax(completions, db_path=[relative_db] * n, gold_sql=[GOLD] * n) == \
-        [1.0, 0.0, 1.0, 0.0, 1.0]
+    assert execution(completions, db_path=[relative_db] * n, gold_sql=[GOLD] * n) == [
+        1.0,
+        0.0,
+        1.0,
+        0.0,
+        1.0,
+    ]
+    assert syntax(completions, db_path=[relative_db] * n, gold_sql=[GOLD] * n) == [
+        1.0,
+        0.0,
+        1.0,
+        0.0,
+        1.0,
+    ]
 
 
 def test_a_failing_extraction_scores_only_its_completion_zero(rewards, relative_db, monkeypatch):
     import sqlrl.rewards as rewards_module
+
     real = rewards_module.extract_sql
-    monkeypatch.setattr(rewards_module, "extract_sql",
-                        lambda c: real(c) if c != "boom" else 1 / 0)
+    monkeypatch.setattr(rewards_module, "extract_sql", lambda c: real(c) if c != "boom" else 1 / 0)
     execution, _ = rewards
-    assert execution([GOLD, "boom", GOLD], db_path=[relative_db] * 3, gold_sql=[GOLD] * 3) == \
-        [1.0, 0.0, 1.0]
+    assert execution([GOLD, "boom", GOLD], db_path=[relative_db] * 3, gold_sql=[GOLD] * 3) == [
+        1.0,
+        0.0,
+        1.0,
+    ]

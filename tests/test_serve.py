@@ -5,6 +5,7 @@ The fixture trains a tiny Qwen2 model for a few seconds until it reproduces
 prompt builder on Spider's concert_singer, so the tests see real model output. vLLM is never
 installed here: its paths run against a stand-in module in sys.modules.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fastapi.testclient import TestClient  # a hard dependency: never skip these tests
 
 from sqlrl.paths import SPIDER_DIR
 from sqlrl.prompt_settings import PromptSettingsError, write_prompt_settings
@@ -29,17 +31,17 @@ from sqlrl.serve import PromptSettings, ServeConfig, create_app, schema_from_ddl
 from sqlrl.serve.backends import BackendOptions, BatchingBackend, Busy, make_backend
 from sqlrl.serve.prompting import PromptBuilder
 
-from fastapi.testclient import TestClient  # a hard dependency: never skip these tests
-
 SETTINGS = PromptSettings("compact", 0, "You are a text-to-SQL assistant.")
 COUNT_SQL = "SELECT count(*) FROM singer"
 NAME_SQL = "SELECT Name FROM stadium"
-PAIRS = [("How many singers do we have?", COUNT_SQL),
-         ("What is the total number of singers?", COUNT_SQL),
-         ("Count the singers.", COUNT_SQL),
-         ("List the names of all stadiums.", NAME_SQL),
-         ("What are the stadium names?", NAME_SQL),
-         ("Show every stadium name.", NAME_SQL)]
+PAIRS = [
+    ("How many singers do we have?", COUNT_SQL),
+    ("What is the total number of singers?", COUNT_SQL),
+    ("Count the singers.", COUNT_SQL),
+    ("List the names of all stadiums.", NAME_SQL),
+    ("What are the stadium names?", NAME_SQL),
+    ("Show every stadium name.", NAME_SQL),
+]
 CONCERT_DDL = """
 CREATE TABLE stadium (Stadium_ID INT PRIMARY KEY, Location TEXT, Name TEXT, Capacity INT,
   Highest INT, Lowest INT, Average INT);
@@ -57,15 +59,19 @@ CREATE INDEX ignored ON singer(Name);
 
 # --------------------------------------------------------------------------- fixtures
 
+
 def _save_prompt_settings(model_dir, settings: PromptSettings) -> None:
     """What the sft stage does: the prompt settings of training saved with the model."""
     from sqlrl.params import load_params
 
     prepare = dataclasses.replace(
-        load_params().prepare, schema_format=settings.schema_format,
-        sample_rows=settings.sample_rows, system_prompt=settings.system_prompt,
+        load_params().prepare,
+        schema_format=settings.schema_format,
+        sample_rows=settings.sample_rows,
+        system_prompt=settings.system_prompt,
         mark_schema_mentions=settings.mark_schema_mentions,
-        max_prompt_tokens=settings.max_prompt_tokens)
+        max_prompt_tokens=settings.max_prompt_tokens,
+    )
     write_prompt_settings(model_dir, prepare, settings.schema_repair)
 
 
@@ -79,22 +85,32 @@ def trained(tmp_path_factory):
     builder = PromptBuilder(SETTINGS, SPIDER_DIR)
     messages = [builder.messages(q, db_id="concert_singer") for q, _ in PAIRS]
     texts = [m["content"] for ms in messages for m in ms] + [sql for _, sql in PAIRS]
-    arch = ArchitectureParams(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=2,
-                              max_position_embeddings=512, vocab_size=400)
+    arch = ArchitectureParams(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        vocab_size=400,
+    )
     tokenizer = to_transformers_tokenizer(train_tokenizer(texts * 5, arch.vocab_size))
     model = build_scratch_model(arch, tokenizer, seed=0)
-    seqs = [(tokenizer(render_prompt(tokenizer, m), add_special_tokens=False)["input_ids"],
-             tokenizer(sql + "<|im_end|>", add_special_tokens=False)["input_ids"])
-            for m, (_, sql) in zip(messages, PAIRS)]
+    seqs = [
+        (
+            tokenizer(render_prompt(tokenizer, m), add_special_tokens=False)["input_ids"],
+            tokenizer(sql + "<|im_end|>", add_special_tokens=False)["input_ids"],
+        )
+        for m, (_, sql) in zip(messages, PAIRS, strict=False)
+    ]
     width = max(len(a) + len(b) for a, b in seqs)
     ids = torch.full((len(seqs), width), tokenizer.pad_token_id)
     labels = torch.full((len(seqs), width), -100)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for i, (a, b) in enumerate(seqs):
-        ids[i, :len(a) + len(b)] = torch.tensor(a + b)
-        mask[i, :len(a) + len(b)] = 1
-        labels[i, len(a):len(a) + len(b)] = torch.tensor(b)
+        ids[i, : len(a) + len(b)] = torch.tensor(a + b)
+        mask[i, : len(a) + len(b)] = 1
+        labels[i, len(a) : len(a) + len(b)] = torch.tensor(b)
     torch.manual_seed(0)
     optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
     model.train()
@@ -129,8 +145,14 @@ def _train(model, optimizer, ids, mask, labels) -> int:
 
 
 def _config(model_dir, **kw) -> ServeConfig:
-    base = dict(model=str(model_dir), spider_dir=str(SPIDER_DIR), max_new_tokens=24,
-                max_batch_size=8, request_timeout_s=60.0, warmup=False)
+    base = dict(
+        model=str(model_dir),
+        spider_dir=str(SPIDER_DIR),
+        max_new_tokens=24,
+        max_batch_size=8,
+        request_timeout_s=60.0,
+        warmup=False,
+    )
     return ServeConfig(**{**base, **kw})
 
 
@@ -143,9 +165,13 @@ def client(trained):
 
 # --------------------------------------------------------------------------- generation
 
+
 def test_generate_returns_the_trained_sql_for_every_schema_form(client):
-    schema_text = PromptBuilder(SETTINGS, SPIDER_DIR).messages(
-        "x", db_id="concert_singer")[1]["content"].split("\n")[1]
+    schema_text = (
+        PromptBuilder(SETTINGS, SPIDER_DIR)
+        .messages("x", db_id="concert_singer")[1]["content"]
+        .split("\n")[1]
+    )
     for question, sql in PAIRS:
         r = client.post("/generate", json={"question": question, "db_id": "concert_singer"})
         assert r.status_code == 200, r.text
@@ -156,8 +182,14 @@ def test_generate_returns_the_trained_sql_for_every_schema_form(client):
     r = client.post("/generate", json={"ddl": CONCERT_DDL, "question": PAIRS[3][0]})
     assert r.status_code == 200 and r.json()["sql"] == NAME_SQL
     # an unseen question still gets a query (shape, not content)
-    r = client.post("/generate", json={"question": "How many singers are there in total?",
-                                       "db_id": "concert_singer", "max_new_tokens": 12})
+    r = client.post(
+        "/generate",
+        json={
+            "question": "How many singers are there in total?",
+            "db_id": "concert_singer",
+            "max_new_tokens": 12,
+        },
+    )
     assert r.status_code == 200 and r.json()["sql"].startswith("SELECT")
 
 
@@ -167,16 +199,18 @@ def test_ddl_prompt_equals_the_training_prompt():
     ddl_settings = PromptSettings("ddl", 0, "sys")
     ddl_builder = PromptBuilder(ddl_settings, SPIDER_DIR)
     schema = schema_from_ddl(CONCERT_DDL)
-    assert [t.name for t in schema.tables] == ["stadium", "singer", "concert",
-                                               "singer_in_concert"]
+    assert [t.name for t in schema.tables] == ["stadium", "singer", "concert", "singer_in_concert"]
     singer = schema.tables[1]
     assert [(c.name, c.type, c.is_primary) for c in singer.columns][:2] == [
-        ("Singer_ID", "number", True), ("Name", "text", False)]
+        ("Singer_ID", "number", True),
+        ("Name", "text", False),
+    ]
     assert singer.columns[-1].type == "boolean"
     assert {(f.table, f.column, f.ref_table, f.ref_column) for f in schema.foreign_keys} == {
         ("concert", "Stadium_ID", "stadium", "Stadium_ID"),
         ("singer_in_concert", "concert_ID", "concert", "concert_ID"),
-        ("singer_in_concert", "Singer_ID", "singer", "Singer_ID")}
+        ("singer_in_concert", "Singer_ID", "singer", "Singer_ID"),
+    }
     text = ddl_builder.messages("Q?", ddl=CONCERT_DDL)[1]["content"]
     assert "PRIMARY KEY (concert_ID, Singer_ID)" in text
     assert "FOREIGN KEY (Singer_ID) REFERENCES singer(Singer_ID)" in text
@@ -192,8 +226,13 @@ def test_served_prompts_are_the_prompts_the_model_was_evaluated_on(prepared_dir,
     settings = PromptSettings.for_model(tmp_path)
     prep = params.prepare
     assert settings == PromptSettings(
-        prep.schema_format, prep.sample_rows, prep.system_prompt, prep.mark_schema_mentions,
-        params.eval.schema_repair, prep.max_prompt_tokens)
+        prep.schema_format,
+        prep.sample_rows,
+        prep.system_prompt,
+        prep.mark_schema_mentions,
+        params.eval.schema_repair,
+        prep.max_prompt_tokens,
+    )
     rows = [r for r in read_jsonl(prepared_dir / "dev.jsonl")[:50] if r.get("prompt")]
     builder = PromptBuilder(settings, SPIDER_DIR)
     for row in rows[:5]:
@@ -201,30 +240,42 @@ def test_served_prompts_are_the_prompts_the_model_was_evaluated_on(prepared_dir,
 
 
 def test_execute_runs_the_sql_on_the_real_spider_database(client):
-    r = client.post("/generate", json={"question": PAIRS[0][0], "db_id": "concert_singer",
-                                       "execute": True})
+    r = client.post(
+        "/generate", json={"question": PAIRS[0][0], "db_id": "concert_singer", "execute": True}
+    )
     body = r.json()
     assert r.status_code == 200, r.text
     assert body["sql"] == COUNT_SQL and body["verdict"] == {"status": "ok", "error": ""}
     assert body["columns"] == ["count(*)"] and body["rows"] == [[6]]
     assert body["truncated"] is False
-    r = client.post("/generate", json={"question": PAIRS[3][0], "db_id": "concert_singer",
-                                       "execute": True, "max_rows": 2})
+    r = client.post(
+        "/generate",
+        json={"question": PAIRS[3][0], "db_id": "concert_singer", "execute": True, "max_rows": 2},
+    )
     body = r.json()
     assert body["sql"] == NAME_SQL and len(body["rows"]) == 2 and body["truncated"] is True
 
 
 def test_num_samples_votes_by_execution(client):
-    r = client.post("/generate", json={"question": PAIRS[0][0], "db_id": "concert_singer",
-                                       "execute": True, "num_samples": 4, "temperature": 0.3,
-                                       "seed": 3})
+    r = client.post(
+        "/generate",
+        json={
+            "question": PAIRS[0][0],
+            "db_id": "concert_singer",
+            "execute": True,
+            "num_samples": 4,
+            "temperature": 0.3,
+            "seed": 3,
+        },
+    )
     body = r.json()
     assert r.status_code == 200, r.text
     assert body["num_samples"] == 4 and len(body["candidates"]) == 4
     assert body["vote"] == "execution" and body["votes"] >= 1
     assert body["sql"] in body["candidates"] and body["rows"] == [[6]]
-    r = client.post("/generate", json={"question": PAIRS[0][0], "db_id": "concert_singer",
-                                       "num_samples": 2})  # no execution: the commonest text
+    r = client.post(
+        "/generate", json={"question": PAIRS[0][0], "db_id": "concert_singer", "num_samples": 2}
+    )  # no execution: the commonest text
     assert r.status_code == 200 and r.json()["vote"] == "sql_text"
 
 
@@ -240,9 +291,12 @@ def test_python_api_answers_as_the_server_does(client, trained):
         assert served.json()["sql"] == sql
     answer = t.answer(PAIRS[0][0], db="concert_singer", execute=True)
     assert answer.verdict.ok and answer.verdict.rows == ((6,),)
-    voted = t.answer(PAIRS[0][0], db="concert_singer", execute=True, num_samples=4,
-                     temperature=0.3, seed=3)
-    assert voted.vote == "execution" and len(voted.candidates) == 4 and voted.sql in voted.candidates
+    voted = t.answer(
+        PAIRS[0][0], db="concert_singer", execute=True, num_samples=4, temperature=0.3, seed=3
+    )
+    assert (
+        voted.vote == "execution" and len(voted.candidates) == 4 and voted.sql in voted.candidates
+    )
     assert t(PAIRS[0][0], ddl=CONCERT_DDL) == COUNT_SQL
     with pytest.raises(ValueError, match="exactly one of db, schema or ddl"):
         t(PAIRS[0][0], db="concert_singer", ddl=CONCERT_DDL)
@@ -268,8 +322,11 @@ BAD = [
     ({"db_id": "concert_singer"}, 422, "question: Field required"),
     ({"question": "  ", "db_id": "concert_singer"}, 422, "question is empty"),
     ({"question": Q}, 422, "exactly one of schema_str, db_id or ddl"),
-    ({"question": Q, "db_id": "concert_singer", "ddl": "CREATE TABLE t (a)"}, 422,
-     "got db_id, ddl"),
+    (
+        {"question": Q, "db_id": "concert_singer", "ddl": "CREATE TABLE t (a)"},
+        422,
+        "got db_id, ddl",
+    ),
     ({"question": Q, "db_id": "no_such_db"}, 404, "unknown db_id 'no_such_db'"),
     ({"question": Q, "db_id": "../../etc/passwd"}, 422, "not a database name"),
     ({"question": Q, "db_id": "wta_1", "execute": True}, 404, "'wta_1' is in tables.json but"),
@@ -280,13 +337,22 @@ BAD = [
     ({"question": Q, "db_id": "concert_singer", "prompt": "x"}, 422, "prompt: unknown field"),
     ({"question": "x" * 5000, "db_id": "concert_singer"}, 413, "question is 5000 characters"),
     ({"question": Q, "schema_str": "t | a" * 30000}, 413, "schema_str is 150000 characters"),
-    ({"question": Q, "db_id": "concert_singer", "max_new_tokens": 100000}, 422,
-     "max_new_tokens must be between 1 and 512"),
+    (
+        {"question": Q, "db_id": "concert_singer", "max_new_tokens": 100000},
+        422,
+        "max_new_tokens must be between 1 and 512",
+    ),
     ({"question": Q, "db_id": "concert_singer", "temperature": 9.0}, 422, "temperature must"),
-    ({"question": Q, "db_id": "concert_singer", "num_samples": 99, "temperature": 1.0}, 422,
-     "num_samples must be between 1 and 16"),
-    ({"question": Q, "db_id": "concert_singer", "num_samples": 2, "temperature": 0}, 422,
-     "needs a temperature > 0"),
+    (
+        {"question": Q, "db_id": "concert_singer", "num_samples": 99, "temperature": 1.0},
+        422,
+        "num_samples must be between 1 and 16",
+    ),
+    (
+        {"question": Q, "db_id": "concert_singer", "num_samples": 2, "temperature": 0},
+        422,
+        "needs a temperature > 0",
+    ),
     ({"question": Q, "ddl": "CREATE TABLE ("}, 422, "ddl: cannot parse"),
     ({"question": Q, "ddl": "SELECT 1"}, 422, "no CREATE TABLE statement"),
     ({"question": "\ud800 how many?", "db_id": "concert_singer"}, 400, "not valid Unicode"),
@@ -316,11 +382,11 @@ def test_bad_input_gets_a_4xx_saying_what_is_wrong_and_the_server_keeps_serving(
 
 # --------------------------------------------------------------------------- failures
 
+
 class _ScriptedGenerator:
     """A Generator double: waits, fails or answers, as told."""
 
-    def __init__(self, delay: float = 0.0, error: Exception | None = None,
-                 text: str = "SELECT 1"):
+    def __init__(self, delay: float = 0.0, error: Exception | None = None, text: str = "SELECT 1"):
         self.delay, self.error, self.text = delay, error, text
         self.calls: list[int] = []
         self.prompts: list[str] = []
@@ -342,13 +408,19 @@ class _ScriptedGenerator:
 @pytest.fixture(scope="module")
 def tokenizer(trained):
     from sqlrl.modeling import load_tokenizer
+
     return load_tokenizer(trained)
 
 
 def _scripted_app(trained, tokenizer, generator, **kw):
-    backend = BatchingBackend(generator, tokenizer, name="scripted", model_path=str(trained),
-                              max_batch_size=kw.pop("max_batch_size", 8),
-                              max_queue=kw.pop("max_queue", 16))
+    backend = BatchingBackend(
+        generator,
+        tokenizer,
+        name="scripted",
+        model_path=str(trained),
+        max_batch_size=kw.pop("max_batch_size", 8),
+        max_queue=kw.pop("max_queue", 16),
+    )
     settings = kw.pop("prompt_settings", SETTINGS)
     return create_app(_config(trained, **kw), backend=backend, prompt_settings=settings)
 
@@ -356,11 +428,9 @@ def _scripted_app(trained, tokenizer, generator, **kw):
 def test_schema_repair_maps_unknown_names_where_the_schema_is_known(trained, tokenizer):
     """A model that writes another database's table: repaired for db_id and ddl requests."""
     memorised = _ScriptedGenerator(text="SELECT count(*) FROM performance")
-    repair = PromptSettings("compact", 0, "You are a text-to-SQL assistant.",
-                            schema_repair=True)
+    repair = PromptSettings("compact", 0, "You are a text-to-SQL assistant.", schema_repair=True)
     with TestClient(_scripted_app(trained, tokenizer, memorised, prompt_settings=repair)) as c:
-        r = c.post("/generate", json={"question": Q, "db_id": "concert_singer",
-                                      "execute": True})
+        r = c.post("/generate", json={"question": Q, "db_id": "concert_singer", "execute": True})
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["sql"] == "SELECT COUNT(*) FROM singer" and body["rows"] == [[6]]
@@ -397,8 +467,15 @@ def test_a_hung_generation_times_out_with_504_and_a_failure_is_a_500(trained, to
 def test_the_batcher_groups_concurrent_requests_and_refuses_beyond_its_queue(tokenizer):
     async def scenario():
         gen = _ScriptedGenerator(delay=0.3)
-        backend = BatchingBackend(gen, tokenizer, name="t", model_path="m",
-                                  max_batch_size=4, batch_wait_s=0.05, max_queue=6)
+        backend = BatchingBackend(
+            gen,
+            tokenizer,
+            name="t",
+            model_path="m",
+            max_batch_size=4,
+            batch_wait_s=0.05,
+            max_queue=6,
+        )
         await backend.start()
         try:
             first = asyncio.ensure_future(backend.complete("p0"))
@@ -420,6 +497,7 @@ def test_the_batcher_groups_concurrent_requests_and_refuses_beyond_its_queue(tok
 
 # --------------------------------------------------------------------------- prompt settings
 
+
 def test_prompts_follow_the_model_folder_not_the_workspace_params(trained, tokenizer, tmp_path):
     """A DDL-trained model is served DDL prompts although params.yaml (cpu profile) says
     compact: the settings come from the model's sqlrl_prompt.json."""
@@ -440,17 +518,30 @@ def test_prompts_follow_the_model_folder_not_the_workspace_params(trained, token
 def test_overrides_replace_only_their_own_setting(trained, tokenizer, tmp_path):
     """Giving the three historical overrides keeps the model's schema-mention marking and
     schema repair (they used to be dropped silently)."""
-    _save_prompt_settings(tmp_path, PromptSettings("ddl", 3, "sys", mark_schema_mentions=True,
-                                                   schema_repair=True))
+    _save_prompt_settings(
+        tmp_path, PromptSettings("ddl", 3, "sys", mark_schema_mentions=True, schema_repair=True)
+    )
     memorised = _ScriptedGenerator(text="SELECT count(*) FROM performance")
-    app = _scripted_app(tmp_path, tokenizer, memorised, prompt_settings=None,
-                        schema_format="compact", sample_rows=0, system_prompt="Answer in SQL.")
+    app = _scripted_app(
+        tmp_path,
+        tokenizer,
+        memorised,
+        prompt_settings=None,
+        schema_format="compact",
+        sample_rows=0,
+        system_prompt="Answer in SQL.",
+    )
     with TestClient(app) as c:
         r = c.post("/generate", json={"question": Q, "db_id": "concert_singer"})
         prompt = c.get("/health").json()["prompt"]
-    assert prompt == {"schema_format": "compact", "sample_rows": 0,
-                      "system_prompt": "Answer in SQL.", "mark_schema_mentions": True,
-                      "schema_repair": True, "max_prompt_tokens": 0}
+    assert prompt == {
+        "schema_format": "compact",
+        "sample_rows": 0,
+        "system_prompt": "Answer in SQL.",
+        "mark_schema_mentions": True,
+        "schema_repair": True,
+        "max_prompt_tokens": 0,
+    }
     assert r.json()["sql"] == "SELECT COUNT(*) FROM singer"  # repaired, as in evaluation
     assert "Schema mentions: singer." in memorised.prompts[0]
     assert "singer | Singer_ID" in memorised.prompts[0]  # compact, as overridden
@@ -466,17 +557,31 @@ def test_a_model_without_prompt_settings_does_not_start(trained, tokenizer, tmp_
     with pytest.raises(PromptSettingsError, match="sqlrl_prompt.json is missing") as error:
         create_app(_config(bare))
     assert "dvc repro" in str(error.value)
-    assert "--schema-format, --sample-rows, --system-prompt, --mark-schema-mentions, " \
-           "--schema-repair, --sample-rows-token-budget" in str(error.value)
+    assert (
+        "--schema-format, --sample-rows, --system-prompt, --mark-schema-mentions, "
+        "--schema-repair, --sample-rows-token-budget" in str(error.value)
+    )
     assert serve.main(["--model", str(bare), "--schema-format", "ddl"]) == 2
     assert "sqlrl_prompt.json is missing" in capsys.readouterr().err
-    every = dict(schema_format="ddl", sample_rows=1, system_prompt="s",
-                 mark_schema_mentions=False, schema_repair=True, sample_rows_token_budget=0)
-    with TestClient(_scripted_app(bare, tokenizer, _ScriptedGenerator(), prompt_settings=None,
-                                  **every)) as c:
+    every = dict(
+        schema_format="ddl",
+        sample_rows=1,
+        system_prompt="s",
+        mark_schema_mentions=False,
+        schema_repair=True,
+        sample_rows_token_budget=0,
+    )
+    with TestClient(
+        _scripted_app(bare, tokenizer, _ScriptedGenerator(), prompt_settings=None, **every)
+    ) as c:
         assert c.get("/health").json()["prompt"] == {
-            "schema_format": "ddl", "sample_rows": 1, "system_prompt": "s",
-            "mark_schema_mentions": False, "schema_repair": True, "max_prompt_tokens": 0}
+            "schema_format": "ddl",
+            "sample_rows": 1,
+            "system_prompt": "s",
+            "mark_schema_mentions": False,
+            "schema_repair": True,
+            "max_prompt_tokens": 0,
+        }
 
 
 # --------------------------------------------------------------------------- vLLM stand-in
@@ -505,18 +610,56 @@ def test_a_model_without_prompt_settings_does_not_start(trained, tokenizer, tmp_
 
 COUNT_ANSWER = "```sql\nSELECT count(*) FROM singer;\n```"
 _SAMPLING_DEFAULTS = dict(  # every public SamplingParams field of vLLM 0.31.0, its default
-    n=1, presence_penalty=0.0, frequency_penalty=0.0, repetition_penalty=1.0, temperature=1.0,
-    watermarking=True, top_p=1.0, top_k=0, min_p=0.0, seed=None, stop=None,
-    stop_token_ids=None, ignore_eos=False, max_tokens=16, min_tokens=0, logprobs=None,
-    prompt_logprobs=None, prompt_logprob_token_ids=None, prompt_logprob_start=None,
-    logprob_token_ids=None, flat_logprobs=False, detokenize=True, skip_special_tokens=True,
-    spaces_between_special_tokens=True, include_stop_str_in_output=False, output_kind=None,
-    stream_interval=None, skip_clone=False, structured_outputs=None, logit_bias=None,
-    allowed_token_ids=None, extra_args=None, bad_words=None, skip_reading_prefix_cache=None,
-    thinking_token_budget=None, repetition_detection=None, routed_experts_prompt_start=0,
-    trace_decode_token_ids=None)
-_ENGINE_ARGS = {"model", "tokenizer", "dtype", "seed", "max_model_len", "generation_config",
-                "override_generation_config", "gpu_memory_utilization", "enforce_eager"}
+    n=1,
+    presence_penalty=0.0,
+    frequency_penalty=0.0,
+    repetition_penalty=1.0,
+    temperature=1.0,
+    watermarking=True,
+    top_p=1.0,
+    top_k=0,
+    min_p=0.0,
+    seed=None,
+    stop=None,
+    stop_token_ids=None,
+    ignore_eos=False,
+    max_tokens=16,
+    min_tokens=0,
+    logprobs=None,
+    prompt_logprobs=None,
+    prompt_logprob_token_ids=None,
+    prompt_logprob_start=None,
+    logprob_token_ids=None,
+    flat_logprobs=False,
+    detokenize=True,
+    skip_special_tokens=True,
+    spaces_between_special_tokens=True,
+    include_stop_str_in_output=False,
+    output_kind=None,
+    stream_interval=None,
+    skip_clone=False,
+    structured_outputs=None,
+    logit_bias=None,
+    allowed_token_ids=None,
+    extra_args=None,
+    bad_words=None,
+    skip_reading_prefix_cache=None,
+    thinking_token_budget=None,
+    repetition_detection=None,
+    routed_experts_prompt_start=0,
+    trace_decode_token_ids=None,
+)
+_ENGINE_ARGS = {
+    "model",
+    "tokenizer",
+    "dtype",
+    "seed",
+    "max_model_len",
+    "generation_config",
+    "override_generation_config",
+    "gpu_memory_utilization",
+    "enforce_eager",
+}
 
 
 class RequestOutputKind(Enum):
@@ -549,21 +692,23 @@ class SamplingParams:
             setattr(self, name, value)
         self.output_kind = self.output_kind or RequestOutputKind.CUMULATIVE
         self.seed = None if self.seed == -1 else self.seed
-        checks = [(-2.0 <= self.presence_penalty <= 2.0, "presence_penalty"),
-                  (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty"),
-                  (self.repetition_penalty > 0.0, "repetition_penalty"),
-                  (0.0 <= self.temperature <= 2.0, "temperature"),
-                  (0.0 < self.top_p <= 1.0, "top_p"), (self.top_k >= -1, "top_k"),
-                  (0.0 <= self.min_p <= 1.0, "min_p"),
-                  (self.max_tokens is None or self.max_tokens >= 1, "max_tokens")]
+        checks = [
+            (-2.0 <= self.presence_penalty <= 2.0, "presence_penalty"),
+            (-2.0 <= self.frequency_penalty <= 2.0, "frequency_penalty"),
+            (self.repetition_penalty > 0.0, "repetition_penalty"),
+            (0.0 <= self.temperature <= 2.0, "temperature"),
+            (0.0 < self.top_p <= 1.0, "top_p"),
+            (self.top_k >= -1, "top_k"),
+            (0.0 <= self.min_p <= 1.0, "min_p"),
+            (self.max_tokens is None or self.max_tokens >= 1, "max_tokens"),
+        ]
         for ok, name in checks:
             if not ok:
                 raise VLLMValidationError(f"{name} out of range: {getattr(self, name)}")
         if self.temperature < 1e-5:  # greedy
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
             if self.n > 1:
-                raise VLLMValidationError(f"n must be 1 when using greedy sampling, "
-                                          f"got {self.n}.")
+                raise VLLMValidationError(f"n must be 1 when using greedy sampling, got {self.n}.")
 
 
 @dataclasses.dataclass
@@ -592,7 +737,8 @@ class _EngineCore:
         self.vllm, self.kw = vllm, kw
         config = json.loads((Path(kw["model"]) / "config.json").read_text())
         self.model_config = types.SimpleNamespace(
-            max_model_len=kw.get("max_model_len") or config["max_position_embeddings"])
+            max_model_len=kw.get("max_model_len") or config["max_position_embeddings"]
+        )
         self.tokenizer = AutoTokenizer.from_pretrained(kw.get("tokenizer") or kw["model"])
 
     def check_prompt(self, prompt: str) -> None:
@@ -603,13 +749,16 @@ class _EngineCore:
                 f"This model's maximum context length is {limit} tokens. However, you "
                 f"requested 0 output tokens and your prompt contains {n} input tokens, for a "
                 f"total of {n} tokens. Please reduce the length of the input prompt or the "
-                f"number of requested output tokens. (parameter=input_tokens, value={n})")
+                f"number of requested output tokens. (parameter=input_tokens, value={n})"
+            )
 
     def tokens(self, params: SamplingParams) -> list[list[str]]:
         """Each sample's completion as streamed pieces (words), cut at max_tokens."""
         answers = self.vllm.answers
-        return [re.findall(r"\S+\s*|\s+", answers[i % len(answers)])[:params.max_tokens]
-                for i in range(params.n)]
+        return [
+            re.findall(r"\S+\s*|\s+", answers[i % len(answers)])[: params.max_tokens]
+            for i in range(params.n)
+        ]
 
 
 def _fake_vllm(with_async: bool = True, fail: bool = False, answers=(COUNT_ANSWER,)):
@@ -623,8 +772,11 @@ def _fake_vllm(with_async: bool = True, fail: bool = False, answers=(COUNT_ANSWE
     exceptions.VLLMValidationError = VLLMValidationError
     vllm.SamplingParams, vllm.RequestOutput = SamplingParams, RequestOutput
     vllm.CompletionOutput = CompletionOutput
-    vllm.modules = {"vllm": vllm, "vllm.sampling_params": sampling,
-                    "vllm.exceptions": exceptions}  # what _install puts in sys.modules
+    vllm.modules = {
+        "vllm": vllm,
+        "vllm.sampling_params": sampling,
+        "vllm.exceptions": exceptions,
+    }  # what _install puts in sys.modules
 
     class LLM(_EngineCore):
         def __init__(self, **kw):
@@ -638,12 +790,21 @@ def _fake_vllm(with_async: bool = True, fail: bool = False, answers=(COUNT_ANSWE
             for prompt in prompts:
                 self.check_prompt(prompt)
             params.output_kind = RequestOutputKind.FINAL_ONLY  # offline_utils._add_request
-            return [RequestOutput(str(k), [CompletionOutput(i, "".join(t), "stop")
-                                           for i, t in enumerate(self.tokens(params))], True)
-                    for k in range(len(prompts))]
+            return [
+                RequestOutput(
+                    str(k),
+                    [
+                        CompletionOutput(i, "".join(t), "stop")
+                        for i, t in enumerate(self.tokens(params))
+                    ],
+                    True,
+                )
+                for k in range(len(prompts))
+            ]
 
     vllm.LLM = LLM
     if with_async:
+
         class AsyncEngineArgs:
             def __init__(self, **kw):
                 self.kw = kw
@@ -659,8 +820,11 @@ def _fake_vllm(with_async: bool = True, fail: bool = False, answers=(COUNT_ANSWE
                 self.check_prompt(prompt)
                 samples = self.tokens(params)
                 if params.output_kind == RequestOutputKind.FINAL_ONLY:
-                    yield RequestOutput(request_id, [CompletionOutput(i, "".join(t), "stop")
-                                                     for i, t in enumerate(samples)], True)
+                    yield RequestOutput(
+                        request_id,
+                        [CompletionOutput(i, "".join(t), "stop") for i, t in enumerate(samples)],
+                        True,
+                    )
                     return
                 done = 0
                 for step in range(max(len(t) for t in samples)):
@@ -669,10 +833,16 @@ def _fake_vllm(with_async: bool = True, fail: bool = False, answers=(COUNT_ANSWE
                             continue  # finished earlier: not sent again
                         last = step == len(pieces) - 1
                         done += last
-                        text = pieces[step] if params.output_kind == RequestOutputKind.DELTA \
-                            else "".join(pieces[:step + 1])
-                        yield RequestOutput(request_id, [CompletionOutput(
-                            i, text, "stop" if last else None)], done == len(samples))
+                        text = (
+                            pieces[step]
+                            if params.output_kind == RequestOutputKind.DELTA
+                            else "".join(pieces[: step + 1])
+                        )
+                        yield RequestOutput(
+                            request_id,
+                            [CompletionOutput(i, text, "stop" if last else None)],
+                            done == len(samples),
+                        )
                         await asyncio.sleep(0)
 
             async def abort(self, request_id):
@@ -701,8 +871,10 @@ def test_vllm_backend_with_a_stand_in_module(monkeypatch, trained, with_async):
     _install(monkeypatch, vllm)
     app = create_app(_config(trained, backend="vllm"), prompt_settings=SETTINGS)
     with TestClient(app) as c:
-        r = c.post("/generate", json={"question": Q, "db_id": "concert_singer",
-                                      "execute": True, "num_samples": 2})
+        r = c.post(
+            "/generate",
+            json={"question": Q, "db_id": "concert_singer", "execute": True, "num_samples": 2},
+        )
         assert r.status_code == 200, r.text
         assert r.json()["sql"] == COUNT_SQL and r.json()["rows"] == [[6]]
         health = c.get("/health").json()
@@ -722,16 +894,27 @@ def test_vllm_async_votes_over_every_sample_it_asked_for(monkeypatch, trained):
 
     async def last_streamed_output():
         engine = vllm.AsyncLLMEngine.from_engine_args(vllm.AsyncEngineArgs(model=str(trained)))
-        outputs = [o async for o in engine.generate(
-            "p", SamplingParams(n=4, temperature=1.0, max_tokens=32), "r")]
+        outputs = [
+            o
+            async for o in engine.generate(
+                "p", SamplingParams(n=4, temperature=1.0, max_tokens=32), "r"
+            )
+        ]
         return outputs[-1]
 
     last = asyncio.run(last_streamed_output())  # what keeping the last output kept
     assert last.finished and [(c.index, c.text) for c in last.outputs] == [(3, wrong)]
-    with TestClient(create_app(_config(trained, backend="vllm"),
-                               prompt_settings=SETTINGS)) as c:
-        r = c.post("/generate", json={"question": Q, "db_id": "concert_singer",
-                                      "execute": True, "num_samples": 4, "temperature": 1.0})
+    with TestClient(create_app(_config(trained, backend="vllm"), prompt_settings=SETTINGS)) as c:
+        r = c.post(
+            "/generate",
+            json={
+                "question": Q,
+                "db_id": "concert_singer",
+                "execute": True,
+                "num_samples": 4,
+                "temperature": 1.0,
+            },
+        )
     body = r.json()
     assert r.status_code == 200, r.text
     assert body["num_samples"] == 4 and body["candidates"] == [COUNT_SQL] * 3 + [wrong]
@@ -739,13 +922,11 @@ def test_vllm_async_votes_over_every_sample_it_asked_for(monkeypatch, trained):
 
 
 @pytest.mark.parametrize("with_async", [True, False])
-def test_vllm_refuses_a_prompt_over_the_engine_context_with_413(monkeypatch, trained,
-                                                                 with_async):
+def test_vllm_refuses_a_prompt_over_the_engine_context_with_413(monkeypatch, trained, with_async):
     vllm = _fake_vllm(with_async)
     _install(monkeypatch, vllm)
     schema = "\n".join(f"table_{i} | id, name_{i}, value_{i}" for i in range(150))
-    with TestClient(create_app(_config(trained, backend="vllm"),
-                               prompt_settings=SETTINGS)) as c:
+    with TestClient(create_app(_config(trained, backend="vllm"), prompt_settings=SETTINGS)) as c:
         r = c.post("/generate", json={"question": Q, "schema_str": schema})
         assert r.status_code == 413, r.text
         assert "the model's context of 512 tokens minus max_new_tokens 24" in r.json()["detail"]
@@ -777,9 +958,15 @@ def penalised(tmp_path_factory, tokenizer):
     from sqlrl.modeling import build_scratch_model
     from sqlrl.params import ArchitectureParams
 
-    arch = ArchitectureParams(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=4, num_key_value_heads=2,
-                              max_position_embeddings=512, vocab_size=400)
+    arch = ArchitectureParams(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        vocab_size=400,
+    )
     model = build_scratch_model(arch, tokenizer, seed=3)
     torch.manual_seed(3)
     with torch.no_grad():  # wider weights than the init's: varied logits, so a penalty shows
@@ -788,8 +975,11 @@ def penalised(tmp_path_factory, tokenizer):
                 weight.normal_(0.0, 0.3)
     own = model.generation_config
     model.generation_config = GenerationConfig(
-        bos_token_id=own.bos_token_id, eos_token_id=own.eos_token_id,
-        pad_token_id=own.pad_token_id, **PENALISING)
+        bos_token_id=own.bos_token_id,
+        eos_token_id=own.eos_token_id,
+        pad_token_id=own.pad_token_id,
+        **PENALISING,
+    )
     path = tmp_path_factory.mktemp("penalised_model")
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
@@ -840,18 +1030,45 @@ def test_vllm_gets_every_decoding_setting_explicitly(monkeypatch, penalised, wit
     vllm = _fake_vllm(with_async)
     _install(monkeypatch, vllm)
     with TestClient(create_app(_config(penalised, backend="vllm"))) as c:
-        assert c.post("/generate", json={"question": Q, "schema_str": "singer | Name"}
-                      ).status_code == 200
-        assert c.post("/generate", json={"question": Q, "schema_str": "singer | Name",
-                                         "num_samples": 3, "temperature": 0.5, "seed": 7}
-                      ).status_code == 200
+        assert (
+            c.post("/generate", json={"question": Q, "schema_str": "singer | Name"}).status_code
+            == 200
+        )
+        assert (
+            c.post(
+                "/generate",
+                json={
+                    "question": Q,
+                    "schema_str": "singer | Name",
+                    "num_samples": 3,
+                    "temperature": 0.5,
+                    "seed": 7,
+                },
+            ).status_code
+            == 200
+        )
     greedy, sampled = (params.kw for params in _sent(vllm))
-    neutral = dict(top_p=1.0, top_k=0, min_p=0.0, repetition_penalty=1.0,
-                   presence_penalty=0.0, frequency_penalty=0.0, max_tokens=24)
+    neutral = dict(
+        top_p=1.0,
+        top_k=0,
+        min_p=0.0,
+        repetition_penalty=1.0,
+        presence_penalty=0.0,
+        frequency_penalty=0.0,
+        max_tokens=24,
+    )
     assert {k: greedy[k] for k in [*neutral, "n", "temperature", "seed"]} == {
-        **neutral, "n": 1, "temperature": 0.0, "seed": None}
+        **neutral,
+        "n": 1,
+        "temperature": 0.0,
+        "seed": None,
+    }
     assert {k: sampled[k] for k in [*neutral, "n", "temperature", "seed"]} == {
-        **neutral, "n": 3, "temperature": 0.5, "seed": 7}
+        **neutral,
+        "n": 3,
+        "temperature": 0.5,
+        "seed": 7,
+    }
     assert greedy["stop_token_ids"] == sampled["stop_token_ids"] != []
     engine_kw = next(call[1] for call in vllm.calls if call[0] in ("LLM", "AsyncLLMEngine"))
     assert engine_kw["generation_config"] == "vllm"  # no sampling defaults from the model
@@ -860,6 +1077,7 @@ def test_vllm_gets_every_decoding_setting_explicitly(monkeypatch, penalised, wit
 
 
 # --------------------------------------------------------------------------- entry points
+
 
 def test_module_app_is_built_from_env_without_loading_a_model(monkeypatch, trained):
     import sqlrl.serve as serve
@@ -906,19 +1124,24 @@ def _serving(app):
 def test_real_uvicorn_server_answers_32_concurrent_requests(trained):
     import httpx
 
-    app = create_app(_config(trained, max_batch_size=8, batch_wait_ms=5),
-                     prompt_settings=SETTINGS)
+    app = create_app(_config(trained, max_batch_size=8, batch_wait_ms=5), prompt_settings=SETTINGS)
     with _serving(app) as base:
+
         async def burst():
             async with httpx.AsyncClient(base_url=base, timeout=60) as http:
-                bodies = [{"question": PAIRS[i % len(PAIRS)][0], "db_id": "concert_singer",
-                           "execute": i % 2 == 0} for i in range(32)]
+                bodies = [
+                    {
+                        "question": PAIRS[i % len(PAIRS)][0],
+                        "db_id": "concert_singer",
+                        "execute": i % 2 == 0,
+                    }
+                    for i in range(32)
+                ]
                 return await asyncio.gather(*(http.post("/generate", json=b) for b in bodies))
 
         responses = asyncio.run(burst())
         assert [r.status_code for r in responses] == [200] * 32
-        assert [r.json()["sql"] for r in responses] == [PAIRS[i % len(PAIRS)][1]
-                                                         for i in range(32)]
+        assert [r.json()["sql"] for r in responses] == [PAIRS[i % len(PAIRS)][1] for i in range(32)]
         assert responses[0].json()["rows"] == [[6]]
         health = httpx.get(base + "/health", timeout=10).json()
         batching = health["batching"]
@@ -932,22 +1155,43 @@ DEEP_DDL = "CREATE TABLE t (a INT DEFAULT " + "(" * 300 + "1" + ")" * 300 + ");"
 DIGITS = "1" * 5000  # over Python's 4300-digit limit for int(): json.loads raises ValueError
 MALFORMED = [  # raw JSON bodies the server cannot understand: a 4xx saying why, never a 500
     (json.dumps({"question": Q, "ddl": DEEP_DDL}), 422, "ddl: nested too deeply"),
-    ('{"question": "%s", "db_id": "concert_singer", "seed": %s}' % (Q, DIGITS), 400,
-     "a number of more than 4300 digits"),
+    (
+        '{"question": "%s", "db_id": "concert_singer", "seed": %s}' % (Q, DIGITS),
+        400,
+        "a number of more than 4300 digits",
+    ),
     ('{"question": %s, "db_id": "concert_singer"}' % DIGITS, 400, "more than 4300 digits"),
     ('{"question": "%s", "db_id": "concert_singer", "x": [[%s]]}' % (Q, DIGITS), 400, "digits"),
-    (json.dumps({"question": Q, "db_id": "concert_singer", "temperature": 1e-300}), 422,
-     "temperature must be 0 (greedy) or between 0.01 and 2, got 1e-300"),
-    (json.dumps({"question": Q, "ddl": CONCERT_DDL, "num_samples": 2, "temperature": 1e-3}),
-     422, "temperature must be 0 (greedy) or between 0.01"),
-    ('{"question": "%s", "db_id": "concert_singer", "temperature": NaN}' % Q, 422,
-     "temperature must"),
-    ('{"question": "%s", "db_id": "concert_singer", "temperature": -Infinity}' % Q, 422,
-     "temperature must"),
-    ('{"question": "%s", "db_id": "concert_singer", "max_new_tokens": 1e400}' % Q, 422,
-     "max_new_tokens: Input should be a valid integer"),
-    ('{"question": "%s", "db_id": "concert_singer", "max_rows": %s}' % (Q, "9" * 4000), 422,
-     "max_rows must be between 0 and 100"),
+    (
+        json.dumps({"question": Q, "db_id": "concert_singer", "temperature": 1e-300}),
+        422,
+        "temperature must be 0 (greedy) or between 0.01 and 2, got 1e-300",
+    ),
+    (
+        json.dumps({"question": Q, "ddl": CONCERT_DDL, "num_samples": 2, "temperature": 1e-3}),
+        422,
+        "temperature must be 0 (greedy) or between 0.01",
+    ),
+    (
+        '{"question": "%s", "db_id": "concert_singer", "temperature": NaN}' % Q,
+        422,
+        "temperature must",
+    ),
+    (
+        '{"question": "%s", "db_id": "concert_singer", "temperature": -Infinity}' % Q,
+        422,
+        "temperature must",
+    ),
+    (
+        '{"question": "%s", "db_id": "concert_singer", "max_new_tokens": 1e400}' % Q,
+        422,
+        "max_new_tokens: Input should be a valid integer",
+    ),
+    (
+        '{"question": "%s", "db_id": "concert_singer", "max_rows": %s}' % (Q, "9" * 4000),
+        422,
+        "max_rows must be between 0 and 100",
+    ),
 ]
 
 
@@ -955,17 +1199,21 @@ def test_requests_the_server_cannot_understand_get_a_4xx_never_a_500(client):
     """Issue item 5: deep DDL (RecursionError in sqlglot), a 5000-digit number (json.loads'
     ValueError), a temperature so small sampling gets NaN probabilities."""
     for body, status, fragment in MALFORMED:
-        r = client.post("/generate", content=body.encode(),
-                        headers={"content-type": "application/json"})
+        r = client.post(
+            "/generate", content=body.encode(), headers={"content-type": "application/json"}
+        )
         assert r.status_code == status, (body[:80], r.text[:300])
         assert fragment in r.json()["detail"], (body[:80], r.json())
-    r = client.post("/generate", json={"question": Q, "db_id": "concert_singer",
-                                       "temperature": 0.01, "max_new_tokens": 4})
+    r = client.post(
+        "/generate",
+        json={"question": Q, "db_id": "concert_singer", "temperature": 0.01, "max_new_tokens": 4},
+    )
     assert r.status_code == 200  # the lowest temperature samples without NaNs
 
 
 def test_an_unexpected_failure_is_a_logged_500_that_names_nothing_internal(
-        trained, tokenizer, monkeypatch, caplog):
+    trained, tokenizer, monkeypatch, caplog
+):
     def broken(*args, **kwargs):
         raise KeyError("/srv/private/spider/tables.json")
 
@@ -978,8 +1226,9 @@ def test_an_unexpected_failure_is_a_logged_500_that_names_nothing_internal(
     assert "/srv/private" in caplog.text and "KeyError" in caplog.text  # the log has it all
 
 
-def test_health_answers_while_ddl_is_parsed_and_ddl_size_is_bounded(trained, tokenizer,
-                                                                      monkeypatch):
+def test_health_answers_while_ddl_is_parsed_and_ddl_size_is_bounded(
+    trained, tokenizer, monkeypatch
+):
     """Issue item 6: DDL is parsed off the event loop, and its length is capped where the
     parse cost grows. The parse is held at a gate (no timing): /health must answer while it
     waits; parsed on the event loop, the server could not answer until the gate opens."""
@@ -998,10 +1247,12 @@ def test_health_answers_while_ddl_is_parsed_and_ddl_size_is_bounded(trained, tok
     repair = dataclasses.replace(SETTINGS, schema_repair=True)
     app = _scripted_app(trained, tokenizer, _ScriptedGenerator(), prompt_settings=repair)
     with _serving(app) as base:
+
         async def scenario():
             async with httpx.AsyncClient(base_url=base, timeout=120) as http:
-                post = asyncio.ensure_future(http.post(
-                    "/generate", json={"question": Q, "ddl": CONCERT_DDL}))
+                post = asyncio.ensure_future(
+                    http.post("/generate", json={"question": Q, "ddl": CONCERT_DDL})
+                )
                 try:
                     loop = asyncio.get_running_loop()
                     assert await loop.run_in_executor(None, parsing.wait, 60), "no parse began"
@@ -1017,14 +1268,17 @@ def test_health_answers_while_ddl_is_parsed_and_ddl_size_is_bounded(trained, tok
     with TestClient(_scripted_app(trained, tokenizer, _ScriptedGenerator())) as c:
         r = c.post("/generate", json={"question": Q, "ddl": CONCERT_DDL * 50})
     assert r.status_code == 413
-    assert r.json()["detail"] == (f"ddl is {len(CONCERT_DDL) * 50} characters, over the "
-                                  f"server's limit of 32000")
+    assert r.json()["detail"] == (
+        f"ddl is {len(CONCERT_DDL) * 50} characters, over the server's limit of 32000"
+    )
 
 
 def _raw_post(body: dict) -> bytes:
     data = json.dumps(body).encode()
-    return (f"POST /generate HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode() + data
+    return (
+        f"POST /generate HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
+    ).encode() + data
 
 
 def _raw_response(sock) -> tuple[int, bytes]:
@@ -1084,8 +1338,10 @@ def test_slow_bodies_time_out_with_408_and_huge_headers_get_431(trained, tokeniz
     with _serving(app) as base:
         host, port = base.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as sock:
-            sock.sendall(b"POST /generate HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n"
-                         b"Content-Type: application/json\r\n\r\n{\"question\": ")
+            sock.sendall(
+                b"POST /generate HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n"
+                b'Content-Type: application/json\r\n\r\n{"question": '
+            )
             t0 = time.monotonic()
             status, answer = _raw_response(sock)  # the other 87 bytes never come
         assert status == 408 and time.monotonic() - t0 < 5

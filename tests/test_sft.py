@@ -1,4 +1,5 @@
 """SFT on a tiny scratch model: full fine-tuning and LoRA, both ending in a plain model."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -11,29 +12,56 @@ from sqlrl.modeling import build_base
 from sqlrl.params import ArchitectureParams, load_params
 from sqlrl.sft import load_sft_dataset, train_sft
 
-ARCH = ArchitectureParams(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                          num_attention_heads=2, num_key_value_heads=1,
-                          max_position_embeddings=256, vocab_size=300)
+ARCH = ArchitectureParams(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    max_position_embeddings=256,
+    vocab_size=300,
+)
 
 
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("sft")
-    rows = [{"prompt": [{"role": "system", "content": "Answer with SQL."},
-                        {"role": "user", "content": f"Database schema:\nsinger | id, name\n\nQuestion: name of singer {i}?"}],
-             "completion": [{"role": "assistant", "content": f"SELECT name FROM singer WHERE id = {i}"}],
-             "db_id": "x"} for i in range(24)]
+    rows = [
+        {
+            "prompt": [
+                {"role": "system", "content": "Answer with SQL."},
+                {
+                    "role": "user",
+                    "content": f"Database schema:\nsinger | id, name\n\nQuestion: name of singer {i}?",
+                },
+            ],
+            "completion": [
+                {"role": "assistant", "content": f"SELECT name FROM singer WHERE id = {i}"}
+            ],
+            "db_id": "x",
+        }
+        for i in range(24)
+    ]
     (root / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    base = dataclasses.replace(load_params().base, source="scratch", dtype="float32",
-                               architecture=ARCH)
+    base = dataclasses.replace(
+        load_params().base, source="scratch", dtype="float32", architecture=ARCH
+    )
     build_base(base, 0, root / "sft.jsonl", root / "base")
     return root
 
 
 def _params(**changes):
-    sft = dataclasses.replace(load_params().sft, epochs=1.0, batch_size=8, grad_accum=1,
-                              max_length=128, logging_steps=1, bf16=False,
-                              gradient_checkpointing=False, learning_rate=3e-3)
+    sft = dataclasses.replace(
+        load_params().sft,
+        epochs=1.0,
+        batch_size=8,
+        grad_accum=1,
+        max_length=128,
+        logging_steps=1,
+        bf16=False,
+        gradient_checkpointing=False,
+        learning_rate=3e-3,
+    )
     return dataclasses.replace(sft, **changes)
 
 
@@ -50,8 +78,14 @@ def test_full_fine_tuning_writes_a_plain_model_metrics_and_curves(base_dir, monk
 
     monkeypatch.chdir(base_dir)
     out = base_dir / "out_full"
-    metrics = train_sft(_params(use_lora=False), 0, base_dir / "base", base_dir / "sft.jsonl",
-                        out, dvclive_dir="dvclive/sft")
+    metrics = train_sft(
+        _params(use_lora=False),
+        0,
+        base_dir / "base",
+        base_dir / "sft.jsonl",
+        out,
+        dvclive_dir="dvclive/sft",
+    )
     assert metrics["steps"] == 3 and metrics["epochs"] == 1.0
     assert metrics["final_loss"] > 0 and metrics["tokens_per_second"] > 0
     assert metrics["wall_seconds"] > 0
@@ -68,16 +102,27 @@ def test_full_fine_tuning_writes_a_plain_model_metrics_and_curves(base_dir, monk
         path = path if path.is_file() else plots / f"{name}.tsv"
         header, *lines = path.read_text().splitlines()
         column = header.split("\t").index(name)
-        curves[name] = [(int(line.split("\t")[header.split("\t").index("step")]),
-                         float(line.split("\t")[column])) for line in lines]
+        curves[name] = [
+            (
+                int(line.split("\t")[header.split("\t").index("step")]),
+                float(line.split("\t")[column]),
+            )
+            for line in lines
+        ]
     # the curves dvc plots draws: every logged step (logging_steps 1 here), real values
     assert [step for step, _ in curves["loss"]] == [0, 1, 2]  # DVCLive counts from 0
     assert all(value > 0 for _, value in curves["loss"] + curves["tokens_per_second"])
     assert curves["loss"][-1][1] == pytest.approx(metrics["final_loss"])
     assert not (base_dir / "dvc.yaml").exists()  # DVCLive must not write a dvc.yaml
     # seeded: the same run gives the same weights
-    again = train_sft(_params(use_lora=False), 0, base_dir / "base", base_dir / "sft.jsonl",
-                      base_dir / "out_again", dvclive_dir=None)
+    again = train_sft(
+        _params(use_lora=False),
+        0,
+        base_dir / "base",
+        base_dir / "sft.jsonl",
+        base_dir / "out_again",
+        dvclive_dir=None,
+    )
     assert again["final_loss"] == metrics["final_loss"]
     a = AutoModelForCausalLM.from_pretrained(base_dir / "out_again").state_dict()
     b = model.state_dict()
@@ -88,10 +133,13 @@ def test_lora_is_merged_into_a_plain_model(base_dir):
     from transformers import AutoModelForCausalLM
 
     out = base_dir / "out_lora"
-    params = _params(use_lora=True, lora=dataclasses.replace(
-        load_params().sft.lora, r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
-    metrics = train_sft(params, 0, base_dir / "base", base_dir / "sft.jsonl", out,
-                        dvclive_dir=None)
+    params = _params(
+        use_lora=True,
+        lora=dataclasses.replace(
+            load_params().sft.lora, r=4, alpha=8, target_modules=["q_proj", "v_proj"]
+        ),
+    )
+    metrics = train_sft(params, 0, base_dir / "base", base_dir / "sft.jsonl", out, dvclive_dir=None)
     assert metrics["use_lora"] and metrics["steps"] == 3
     assert not (out / "adapter_config.json").exists()
     model = AutoModelForCausalLM.from_pretrained(out)
@@ -115,9 +163,16 @@ def test_prompt_loss_trains_on_the_prompt_tokens(base_dir):
     nll = {}
     for only_completion in (True, False):
         out = base_dir / f"out_prompt_loss_{only_completion}"
-        train_sft(_params(use_lora=False, epochs=4.0, learning_rate=2e-2,
-                          completion_only_loss=only_completion), 0,
-                  base_dir / "base", base_dir / "sft.jsonl", out, dvclive_dir=None)
+        train_sft(
+            _params(
+                use_lora=False, epochs=4.0, learning_rate=2e-2, completion_only_loss=only_completion
+            ),
+            0,
+            base_dir / "base",
+            base_dir / "sft.jsonl",
+            out,
+            dvclive_dir=None,
+        )
         nll[only_completion] = _prompt_nll(out, base_dir)
     assert nll[False] < nll[True] - 0.5, nll
 
@@ -125,10 +180,17 @@ def test_prompt_loss_trains_on_the_prompt_tokens(base_dir):
 def test_weighted_prompt_loss_trains_the_prompt_less(base_dir):
     """prompt_loss_weight < 1: the prompt is still learnt (lower prompt loss than with the
     completion-only loss), but less than with full weight."""
+
     def prompt_nll(**changes):
         out = base_dir / f"out_weighted_{changes}"
-        train_sft(_params(use_lora=False, epochs=4.0, learning_rate=2e-2, **changes), 0,
-                  base_dir / "base", base_dir / "sft.jsonl", out, dvclive_dir=None)
+        train_sft(
+            _params(use_lora=False, epochs=4.0, learning_rate=2e-2, **changes),
+            0,
+            base_dir / "base",
+            base_dir / "sft.jsonl",
+            out,
+            dvclive_dir=None,
+        )
         return _prompt_nll(out, base_dir)
 
     none = prompt_nll(completion_only_loss=True)
@@ -152,14 +214,26 @@ def test_rows_longer_than_max_length_fail_loudly_instead_of_vanishing(base_dir):
 
     out = base_dir / "out_too_long"
     with pytest.raises(SftDataError, match=r"24 of 24 SFT rows do not fit sft.max_length=16"):
-        train_sft(_params(use_lora=False, max_length=16), 0, base_dir / "base",
-                  base_dir / "sft.jsonl", out, dvclive_dir=None)
+        train_sft(
+            _params(use_lora=False, max_length=16),
+            0,
+            base_dir / "base",
+            base_dir / "sft.jsonl",
+            out,
+            dvclive_dir=None,
+        )
     assert not out.exists()
 
 
 def test_rows_trained_are_reported(base_dir):
-    metrics = train_sft(_params(use_lora=False), 0, base_dir / "base", base_dir / "sft.jsonl",
-                        base_dir / "out_counted", dvclive_dir=None)
+    metrics = train_sft(
+        _params(use_lora=False),
+        0,
+        base_dir / "base",
+        base_dir / "sft.jsonl",
+        base_dir / "out_counted",
+        dvclive_dir=None,
+    )
     assert metrics["examples"] == metrics["rows_trained"] == 24
     assert 0 < metrics["max_row_tokens"] < 128
 
@@ -168,13 +242,19 @@ def test_lora_on_a_bf16_base_saves_a_bf16_model(base_dir, tmp_path):
     """The merged SFT model keeps the base model's dtype (bf16 for Qwen), not fp32."""
     from safetensors import safe_open
 
-    base = dataclasses.replace(load_params().base, source="scratch", dtype="bfloat16",
-                               architecture=ARCH)
+    base = dataclasses.replace(
+        load_params().base, source="scratch", dtype="bfloat16", architecture=ARCH
+    )
     build_base(base, 0, base_dir / "sft.jsonl", tmp_path / "base")
-    params = _params(use_lora=True, lora=dataclasses.replace(
-        load_params().sft.lora, r=4, alpha=8, target_modules=["q_proj", "v_proj"]))
-    metrics = train_sft(params, 0, tmp_path / "base", base_dir / "sft.jsonl", tmp_path / "sft",
-                        dvclive_dir=None)
+    params = _params(
+        use_lora=True,
+        lora=dataclasses.replace(
+            load_params().sft.lora, r=4, alpha=8, target_modules=["q_proj", "v_proj"]
+        ),
+    )
+    metrics = train_sft(
+        params, 0, tmp_path / "base", base_dir / "sft.jsonl", tmp_path / "sft", dvclive_dir=None
+    )
     assert metrics["dtype"] == "bfloat16"
     with safe_open(str(tmp_path / "sft" / "model.safetensors"), "pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}

@@ -1,5 +1,6 @@
 """What every stage shares (stages/__init__.py, sqlrl/jsonio.py): one run at a time per stage,
 and bad input files named by file and line."""
+
 from __future__ import annotations
 
 import os
@@ -17,12 +18,15 @@ REPO = Path(__file__).resolve().parents[1]
 GOOD = '{"prompt": [], "gold_sql": "SELECT 1", "db_id": "d", "question": "q", "db_path": "p"}'
 
 
-@pytest.mark.parametrize("bad_line, says", [
-    ('{"prompt": [], "gold_sql": ', "not valid JSON"),
-    ('["a", "list"]', "a JSON list, not an object"),
-    ('{"prompt": [], "db_id": "d", "question": "q", "db_path": "p"}', "no gold_sql"),
-    ("1" * 5000, "not valid JSON"),  # json raises ValueError, not JSONDecodeError, for this
-])
+@pytest.mark.parametrize(
+    "bad_line, says",
+    [
+        ('{"prompt": [], "gold_sql": ', "not valid JSON"),
+        ('["a", "list"]', "a JSON list, not an object"),
+        ('{"prompt": [], "db_id": "d", "question": "q", "db_path": "p"}', "no gold_sql"),
+        ("1" * 5000, "not valid JSON"),  # json raises ValueError, not JSONDecodeError, for this
+    ],
+)
 def test_a_malformed_line_is_named_by_file_and_line(tmp_path, bad_line, says):
     path = tmp_path / "grpo_prompts.jsonl"
     path.write_text(f"{GOOD}\n\n{bad_line}\n{GOOD}\n", encoding="utf-8")
@@ -49,22 +53,32 @@ def test_a_stage_reports_a_bad_input_file_in_one_line(tmp_path, monkeypatch, cap
     assert "Traceback" not in err
 
 
-def test_a_second_run_of_a_running_stage_fails_at_once_naming_the_first(tmp_path, monkeypatch,
-                                                                        capsys):
+def test_a_second_run_of_a_running_stage_fails_at_once_naming_the_first(
+    tmp_path, monkeypatch, capsys
+):
     """Killing `dvc repro` can leave its stage running; a second run on the same outputs is
     refused while the first lives, and runs once it has gone."""
     monkeypatch.chdir(tmp_path)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import time; from stages import stage_lock; "
-         "h = stage_lock('grpo'); print('held', flush=True); time.sleep(60)"],
-        cwd=tmp_path, stdout=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)})
+        [
+            sys.executable,
+            "-c",
+            "import time; from stages import stage_lock; "
+            "h = stage_lock('grpo'); print('held', flush=True); time.sleep(60)",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         ran = []
         assert run_stage("grpo", lambda: ran.append(1) or 0) == 1
         assert not ran
-        assert f"another process (pid {holder.pid}) is running this stage" in capsys.readouterr().err
+        assert (
+            f"another process (pid {holder.pid}) is running this stage" in capsys.readouterr().err
+        )
         assert run_stage("sft", lambda: ran.append("sft") or 0) == 0  # other stages are free
     finally:
         holder.kill()

@@ -1,4 +1,5 @@
 """Data and model versioning through the S3 remote, against a local S3 server (moto)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -13,8 +14,11 @@ from tests.repo_tools import run_cli
 
 pytestmark = pytest.mark.slow
 BUCKET = "sql-rl-pipeline"  # the bucket .dvc/config names for the `s3` remote
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-               "AWS_DEFAULT_REGION": "us-east-1"}
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 VERSIONED = ("data/raw/spider", "data/prepared", "models")
 
 
@@ -32,9 +36,13 @@ def s3_endpoint():
 
 def _s3_client(endpoint: str):
     """boto3 for the test server, with the same credentials DVC gets from CREDENTIALS."""
-    return boto3.client("s3", endpoint_url=endpoint, region_name=CREDENTIALS["AWS_DEFAULT_REGION"],
-                        aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
-                        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"])
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name=CREDENTIALS["AWS_DEFAULT_REGION"],
+        aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+    )
 
 
 def _digests(repo: Path) -> dict[str, str]:
@@ -62,8 +70,7 @@ def _use_endpoint(repo: Path, endpoint: str) -> None:
 def test_push_and_pull_through_s3_restore_identical_files(smoke_repo, s3_endpoint, tmp_path):
     _use_endpoint(smoke_repo, s3_endpoint)
     run_cli(["dvc", "push", "-r", "s3", "--run-cache"], smoke_repo, env=CREDENTIALS)
-    listed = _s3_client(s3_endpoint).list_objects_v2(
-        Bucket=BUCKET, Prefix="dvc/")
+    listed = _s3_client(s3_endpoint).list_objects_v2(Bucket=BUCKET, Prefix="dvc/")
     assert listed["KeyCount"] > 0
 
     teammate = _teammate_checkout(smoke_repo, tmp_path / "teammate")

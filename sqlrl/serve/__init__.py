@@ -19,14 +19,22 @@ the module-level `app` (built on first access; the model loads at startup, never
 SQLRL_* environment variables named after the ServeConfig fields (SQLRL_MODEL,
 SQLRL_SPIDER_DIR, SQLRL_BACKEND, SQLRL_MAX_BATCH_SIZE, SQLRL_REQUEST_TIMEOUT_S, ...).
 """
+
 from __future__ import annotations
 
-from sqlrl.serve.service import GenerateRequest, ServeConfig, create_app
 from sqlrl.serve.cli import config_from_env, main
 from sqlrl.serve.prompting import PromptSettings, schema_from_ddl
+from sqlrl.serve.service import GenerateRequest, ServeConfig, create_app
 
-__all__ = ["GenerateRequest", "PromptSettings", "ServeConfig", "config_from_env", "create_app",
-           "main", "schema_from_ddl"]
+__all__ = [
+    "GenerateRequest",
+    "PromptSettings",
+    "ServeConfig",
+    "config_from_env",
+    "create_app",
+    "main",
+    "schema_from_ddl",
+]
 
 _app = None
 

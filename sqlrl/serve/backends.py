@@ -18,6 +18,7 @@ back to transformers with a warning when vLLM is absent or its engine cannot sta
 Every request has a deadline at the caller (`asyncio.wait_for`); a request that expired while
 queued is dropped before it reaches the model. A full queue is `Busy` (503).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -59,17 +60,30 @@ class BatchStats:
     sizes: list[int] = field(default_factory=list)  # the last few batch sizes
 
     def as_dict(self) -> dict:
-        return {"requests": self.requests, "batches": self.batches,
-                "largest_batch": self.largest_batch, "expired_in_queue": self.expired,
-                "failed_batches": self.failed_batches}
+        return {
+            "requests": self.requests,
+            "batches": self.batches,
+            "largest_batch": self.largest_batch,
+            "expired_in_queue": self.expired,
+            "failed_batches": self.failed_batches,
+        }
 
 
 class BatchingBackend:
     """A Generator behind an asyncio micro-batcher (see the module docstring)."""
 
-    def __init__(self, generator, tokenizer, *, name: str, model_path: str,
-                 max_batch_size: int = 8, batch_wait_s: float = 0.01, max_queue: int = 256,
-                 context_length: int | None = None):
+    def __init__(
+        self,
+        generator,
+        tokenizer,
+        *,
+        name: str,
+        model_path: str,
+        max_batch_size: int = 8,
+        batch_wait_s: float = 0.01,
+        max_queue: int = 256,
+        context_length: int | None = None,
+    ):
         if max_batch_size < 1 or max_queue < 1:
             raise ValueError("max_batch_size and max_queue must be >= 1")
         self.generator = generator
@@ -109,15 +123,26 @@ class BatchingBackend:
             self._pool = None
 
     def info(self) -> dict:
-        return {"batching": {"max_batch_size": self.max_batch_size,
-                             "batch_wait_ms": round(self.batch_wait_s * 1000, 3),
-                             "max_queue": self.max_queue,
-                             "queued": self._queue.qsize() if self._queue else 0,
-                             **self.stats.as_dict()}}
+        return {
+            "batching": {
+                "max_batch_size": self.max_batch_size,
+                "batch_wait_ms": round(self.batch_wait_s * 1000, 3),
+                "max_queue": self.max_queue,
+                "queued": self._queue.qsize() if self._queue else 0,
+                **self.stats.as_dict(),
+            }
+        }
 
     # ------------------------------------------------------------------ requests
-    async def complete(self, prompt: str, *, n: int = 1, temperature: float = 0.0,
-                       max_new_tokens: int = 128, seed: int = 0) -> list[str]:
+    async def complete(
+        self,
+        prompt: str,
+        *,
+        n: int = 1,
+        temperature: float = 0.0,
+        max_new_tokens: int = 128,
+        seed: int = 0,
+    ) -> list[str]:
         """`n` completions of `prompt` (greedy when temperature is 0)."""
         if self._queue is None or self._task is None or self._task.done():
             raise NotReady("the generation backend is not running")
@@ -125,8 +150,9 @@ class BatchingBackend:
         try:
             self._queue.put_nowait(_Item(prompt, n, temperature, max_new_tokens, seed, future))
         except asyncio.QueueFull:
-            raise Busy(f"the server is busy: {self.max_queue} requests are already "
-                       f"queued; retry later") from None
+            raise Busy(
+                f"the server is busy: {self.max_queue} requests are already queued; retry later"
+            ) from None
         self.stats.requests += 1
         return await future
 
@@ -152,7 +178,7 @@ class BatchingBackend:
                     continue
                 self.stats.batches += 1
                 self.stats.largest_batch = max(self.stats.largest_batch, len(group))
-                for item, texts in zip(group, results):
+                for item, texts in zip(group, results, strict=False):
                     if not item.future.done():
                         item.future.set_result(texts)
 
@@ -162,8 +188,12 @@ class BatchingBackend:
         per_request_cut = hasattr(self.generator, "generate_ids")
 
         def key(item: _Item):
-            return (item.n, item.temperature, item.seed if item.temperature > 0 else 0,
-                    None if per_request_cut else item.max_new_tokens)
+            return (
+                item.n,
+                item.temperature,
+                item.seed if item.temperature > 0 else 0,
+                None if per_request_cut else item.max_new_tokens,
+            )
 
         groups: dict = {}
         for item in items:
@@ -177,13 +207,18 @@ class BatchingBackend:
         gen = self.generator
         if hasattr(gen, "generate_ids"):  # HFGenerator: one call, each cut at its own limit
             gen.max_new_tokens = max(item.max_new_tokens for item in group)
-            ids = gen.generate_ids(prompts, n=first.n, temperature=first.temperature,
-                                   seed=first.seed)
+            ids = gen.generate_ids(
+                prompts, n=first.n, temperature=first.temperature, seed=first.seed
+            )
             out = []
-            for item, row in zip(group, ids):
+            for item, row in zip(group, ids, strict=False):
                 rows = [row] if first.n == 1 else row
-                out.append([gen.tokenizer.decode(r[:item.max_new_tokens],
-                                                 skip_special_tokens=True) for r in rows])
+                out.append(
+                    [
+                        gen.tokenizer.decode(r[: item.max_new_tokens], skip_special_tokens=True)
+                        for r in rows
+                    ]
+                )
             return out
         if hasattr(gen, "max_new_tokens"):
             gen.max_new_tokens = first.max_new_tokens
@@ -193,8 +228,9 @@ class BatchingBackend:
         else:
             out = [list(g) for g in gen.sample(prompts, first.n, first.temperature, first.seed)]
         if len(out) != len(prompts):
-            raise RuntimeError(f"the generator returned {len(out)} results for "
-                               f"{len(prompts)} prompts")
+            raise RuntimeError(
+                f"the generator returned {len(out)} results for {len(prompts)} prompts"
+            )
         return out
 
 
@@ -235,10 +271,18 @@ class AsyncVLLMBackend:
 
         return self._vllm.SamplingParams(
             **vllm_sampling_settings(n, temperature, max_new_tokens, self.stop_ids, seed),
-            output_kind=RequestOutputKind.FINAL_ONLY)
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
 
-    async def complete(self, prompt: str, *, n: int = 1, temperature: float = 0.0,
-                       max_new_tokens: int = 128, seed: int = 0) -> list[str]:
+    async def complete(
+        self,
+        prompt: str,
+        *,
+        n: int = 1,
+        temperature: float = 0.0,
+        max_new_tokens: int = 128,
+        seed: int = 0,
+    ) -> list[str]:
         params = self.sampling_params(n, temperature, max_new_tokens, seed)
         request_id = f"sqlrl-{next(self._ids)}"
         self.requests += 1
@@ -266,16 +310,16 @@ BACKENDS = ("auto", "transformers", "vllm")
 
 @dataclass(frozen=True)
 class BackendOptions:
-    backend: str = "auto"              # auto | transformers | vllm
-    vllm_engine: str = "auto"          # auto (AsyncLLMEngine if present) | async | llm
+    backend: str = "auto"  # auto | transformers | vllm
+    vllm_engine: str = "auto"  # auto (AsyncLLMEngine if present) | async | llm
     max_batch_size: int = 8
     batch_wait_s: float = 0.01
     max_queue: int = 256
     default_max_new_tokens: int = 128
     seed: int = 0
     dtype: str | None = None
-    device: str | None = None          # transformers: cuda when available, else cpu
-    torch_threads: int = 0             # transformers on CPU: torch threads (0: the usable cores)
+    device: str | None = None  # transformers: cuda when available, else cpu
+    torch_threads: int = 0  # transformers on CPU: torch threads (0: the usable cores)
 
 
 def _context_length(config) -> int | None:
@@ -300,20 +344,29 @@ def _load_vllm(model_dir: str | Path, opts: BackendOptions):
     dtype = opts.dtype or (read_base_record(model_dir) or {}).get("dtype", "auto")
     stops = stop_token_ids(tokenizer)
     use_async = opts.vllm_engine == "async" or (
-        opts.vllm_engine == "auto" and hasattr(vllm, "AsyncLLMEngine")
-        and hasattr(vllm, "AsyncEngineArgs"))
+        opts.vllm_engine == "auto"
+        and hasattr(vllm, "AsyncLLMEngine")
+        and hasattr(vllm, "AsyncEngineArgs")
+    )
     if use_async:
-        args = vllm.AsyncEngineArgs(model=path, tokenizer=path, dtype=dtype, seed=opts.seed,
-                                    **VLLM_ENGINE_SETTINGS)
+        args = vllm.AsyncEngineArgs(
+            model=path, tokenizer=path, dtype=dtype, seed=opts.seed, **VLLM_ENGINE_SETTINGS
+        )
         engine = vllm.AsyncLLMEngine.from_engine_args(args)
-        return AsyncVLLMBackend(vllm, engine, tokenizer, model_path=str(model_dir),
-                                stop_ids=stops)
-    generator = VLLMGenerator(path, opts.default_max_new_tokens, opts.seed, stop_ids=stops,
-                              dtype=dtype)
-    return BatchingBackend(generator, tokenizer, name="vllm", model_path=str(model_dir),
-                           max_batch_size=max(opts.max_batch_size, 64),
-                           batch_wait_s=opts.batch_wait_s, max_queue=opts.max_queue,
-                           context_length=engine_context_length(generator.llm))
+        return AsyncVLLMBackend(vllm, engine, tokenizer, model_path=str(model_dir), stop_ids=stops)
+    generator = VLLMGenerator(
+        path, opts.default_max_new_tokens, opts.seed, stop_ids=stops, dtype=dtype
+    )
+    return BatchingBackend(
+        generator,
+        tokenizer,
+        name="vllm",
+        model_path=str(model_dir),
+        max_batch_size=max(opts.max_batch_size, 64),
+        batch_wait_s=opts.batch_wait_s,
+        max_queue=opts.max_queue,
+        context_length=engine_context_length(generator.llm),
+    )
 
 
 def _load_transformers(model_dir: str | Path, opts: BackendOptions):
@@ -327,12 +380,23 @@ def _load_transformers(model_dir: str | Path, opts: BackendOptions):
     model, tokenizer = load_model_and_tokenizer(model_dir, dtype=opts.dtype)
     device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = model.to(device)
-    generator = HFGenerator(model, tokenizer, batch_size=opts.max_batch_size,
-                            max_new_tokens=opts.default_max_new_tokens, progress=False)
-    return BatchingBackend(generator, tokenizer, name="transformers",
-                           model_path=str(model_dir), max_batch_size=opts.max_batch_size,
-                           batch_wait_s=opts.batch_wait_s, max_queue=opts.max_queue,
-                           context_length=_context_length(model.config))
+    generator = HFGenerator(
+        model,
+        tokenizer,
+        batch_size=opts.max_batch_size,
+        max_new_tokens=opts.default_max_new_tokens,
+        progress=False,
+    )
+    return BatchingBackend(
+        generator,
+        tokenizer,
+        name="transformers",
+        model_path=str(model_dir),
+        max_batch_size=opts.max_batch_size,
+        batch_wait_s=opts.batch_wait_s,
+        max_queue=opts.max_queue,
+        context_length=_context_length(model.config),
+    )
 
 
 def make_backend(model_dir: str | Path, opts: BackendOptions):
@@ -346,9 +410,14 @@ def make_backend(model_dir: str | Path, opts: BackendOptions):
             try:
                 return _load_vllm(model_dir, opts)
             except Exception as exc:  # noqa: BLE001 - e.g. no GPU: serve with transformers
-                print(f"serve: vLLM could not start ({type(exc).__name__}: {exc}); "
-                      f"using transformers", file=sys.stderr)
+                print(
+                    f"serve: vLLM could not start ({type(exc).__name__}: {exc}); "
+                    f"using transformers",
+                    file=sys.stderr,
+                )
         elif opts.backend == "vllm":
-            print("serve: --backend vllm but vLLM is not installed; using transformers",
-                  file=sys.stderr)
+            print(
+                "serve: --backend vllm but vLLM is not installed; using transformers",
+                file=sys.stderr,
+            )
     return _load_transformers(model_dir, opts)

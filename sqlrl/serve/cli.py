@@ -5,6 +5,7 @@ Every ServeConfig field is a flag (`--max-batch-size 16`) and an environment var
 server's own settings (host, port, keep-alive, connection limit) are flags and SQLRL_* variables
 too; `uvicorn_config` is the uvicorn configuration `main` runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,13 +27,13 @@ _HELP = {
     "backend": "auto (vLLM if installed, else transformers) | transformers | vllm",
     "vllm_engine": "auto (AsyncLLMEngine when available) | async | llm",
     "schema_format": "override the model's prepare.schema_format (compact | ddl); the "
-                     "prompt settings come from MODEL/sqlrl_prompt.json, never params.yaml",
+    "prompt settings come from MODEL/sqlrl_prompt.json, never params.yaml",
     "sample_rows": "override the model's prepare.sample_rows",
     "system_prompt": "override the model's prepare.system_prompt",
     "mark_schema_mentions": "override the model's prepare.mark_schema_mentions (true | false)",
     "schema_repair": "override the model's eval.schema_repair (true | false)",
     "sample_rows_token_budget": "override the model's prepare.max_prompt_tokens (DDL sample "
-                                "rows shrink until a prompt fits; 0: no limit)",
+    "rows shrink until a prompt fits; 0: no limit)",
     "dtype": "model dtype (float32, bfloat16); default: the model's own",
     "max_batch_size": "requests generated together at most",
     "batch_wait_ms": "how long the batcher waits for more requests to join a batch",
@@ -40,13 +41,13 @@ _HELP = {
     "request_timeout_s": "deadline of one generation; beyond it the request gets 504",
     "max_body_bytes": "request body size limit (413 beyond)",
     "max_prompt_tokens": "prompt token limit (413 beyond); 0: the model's context minus "
-                         "max_new_tokens",
+    "max_new_tokens",
     "max_ddl_chars": "ddl length limit (413 beyond): DDL is parsed, at a cost that grows "
-                     "with its length",
+    "with its length",
     "max_header_bytes": "request line and headers size limit (431 beyond)",
     "body_timeout_s": "the request body must arrive within it (408 beyond)",
     "api_key": "require `Authorization: Bearer KEY` on every route but /health (401 "
-               "without); prefer SQLRL_API_KEY, a flag shows in the process list",
+    "without); prefer SQLRL_API_KEY, a flag shows in the process list",
 }
 
 
@@ -89,37 +90,62 @@ def config_from_env(environ=None, base: ServeConfig | None = None) -> ServeConfi
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m sqlrl.serve", description="Serve a text-to-SQL model over HTTP.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        prog="python -m sqlrl.serve",
+        description="Serve a text-to-SQL model over HTTP.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     parser.add_argument("--host", default=os.environ.get("SQLRL_HOST", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(os.environ.get("SQLRL_PORT", "8000")))
     parser.add_argument("--log-level", default="info")
-    parser.add_argument("--timeout-keep-alive", type=int,
-                        default=int(os.environ.get("SQLRL_TIMEOUT_KEEP_ALIVE", "5")),
-                        help="seconds an idle keep-alive connection is kept open")
-    parser.add_argument("--limit-concurrency", type=int,
-                        default=int(os.environ.get("SQLRL_LIMIT_CONCURRENCY", "0")),
-                        help="connections at most; beyond it uvicorn answers 503 (0: no limit)")
+    parser.add_argument(
+        "--timeout-keep-alive",
+        type=int,
+        default=int(os.environ.get("SQLRL_TIMEOUT_KEEP_ALIVE", "5")),
+        help="seconds an idle keep-alive connection is kept open",
+    )
+    parser.add_argument(
+        "--limit-concurrency",
+        type=int,
+        default=int(os.environ.get("SQLRL_LIMIT_CONCURRENCY", "0")),
+        help="connections at most; beyond it uvicorn answers 503 (0: no limit)",
+    )
     env = config_from_env()
     for f in fields(ServeConfig):
         secret = f.name in SECRETS
-        parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, type=_converter(_type(f)),
-                            default=None if secret else getattr(env, f.name),
-                            help=_HELP.get(f.name, f.name.replace("_", " ")))
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            type=_converter(_type(f)),
+            default=None if secret else getattr(env, f.name),
+            help=_HELP.get(f.name, f.name.replace("_", " ")),
+        )
     return parser
 
 
-def uvicorn_config(app, *, host: str = "127.0.0.1", port: int = 8000, log_level: str = "info",
-                   timeout_keep_alive: int = 5, limit_concurrency: int = 0):
+def uvicorn_config(
+    app,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "info",
+    timeout_keep_alive: int = 5,
+    limit_concurrency: int = 0,
+):
     """The uvicorn settings `main` serves with: the h11 parser (whose head limit is set), a
     head read limit above the app's 431, keep-alive timeout and connection limit. Proxy
     headers are trusted from FORWARDED_ALLOW_IPS (uvicorn's default: 127.0.0.1)."""
     import uvicorn
 
-    return uvicorn.Config(app, host=host, port=port, log_level=log_level, http="h11",
-                          h11_max_incomplete_event_size=HEAD_READ_LIMIT,
-                          timeout_keep_alive=timeout_keep_alive,
-                          limit_concurrency=limit_concurrency or None)
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level=log_level,
+        http="h11",
+        h11_max_incomplete_event_size=HEAD_READ_LIMIT,
+        timeout_keep_alive=timeout_keep_alive,
+        limit_concurrency=limit_concurrency or None,
+    )
 
 
 def main(argv=None) -> int:
@@ -134,16 +160,25 @@ def main(argv=None) -> int:
     values.update({name: getattr(env, name) for name in SECRETS if values[name] is None})
     config = ServeConfig(**values)
     if not os.path.isdir(config.model):
-        print(f"serve: model folder {config.model!r} does not exist (train it with `dvc repro`,"
-              f" or pass --model)", file=sys.stderr)
+        print(
+            f"serve: model folder {config.model!r} does not exist (train it with `dvc repro`,"
+            f" or pass --model)",
+            file=sys.stderr,
+        )
         return 2
     try:
         app = create_app(config)
     except (PromptSettingsError, ValueError) as exc:  # no or bad prompt settings
         print(f"serve: {exc}", file=sys.stderr)
         return 2
-    uvicorn.Server(uvicorn_config(app, host=args.host, port=args.port,
-                                  log_level=args.log_level,
-                                  timeout_keep_alive=args.timeout_keep_alive,
-                                  limit_concurrency=args.limit_concurrency)).run()
+    uvicorn.Server(
+        uvicorn_config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level=args.log_level,
+            timeout_keep_alive=args.timeout_keep_alive,
+            limit_concurrency=args.limit_concurrency,
+        )
+    ).run()
     return 0

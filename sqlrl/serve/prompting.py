@@ -12,6 +12,7 @@ With `prepare.mark_schema_mentions`, the question gets the same "Schema mentions
 training whenever a parsed schema is known (db_id, ddl); `schema_str` is opaque text and the
 question stays as it is.
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,20 +39,22 @@ class InputError(ValueError):
 class PromptSettings:
     """The params that shaped the served model's training prompts (its sqlrl_prompt.json):
     the prepare section's prompt fields, and eval.schema_repair."""
+
     schema_format: str
     sample_rows: int
     system_prompt: str
     mark_schema_mentions: bool = False
     schema_repair: bool = False
-    max_prompt_tokens: int = 0   # DDL sample rows shrink until a prompt fits (0: no limit)
+    max_prompt_tokens: int = 0  # DDL sample rows shrink until a prompt fits (0: no limit)
 
     def __post_init__(self):
         if self.schema_format not in ("compact", "ddl"):
-            raise ValueError(f"schema format must be 'compact' or 'ddl', "
-                             f"got {self.schema_format!r}")
+            raise ValueError(
+                f"schema format must be 'compact' or 'ddl', got {self.schema_format!r}"
+            )
 
     @classmethod
-    def for_model(cls, model_dir: str | Path, **overrides) -> "PromptSettings":
+    def for_model(cls, model_dir: str | Path, **overrides) -> PromptSettings:
         """The settings saved in `model_dir`, each non-None override on top (per field).
 
         Never params.yaml: the workspace may hold another profile than the one the model was
@@ -68,6 +71,7 @@ class PromptSettings:
 
 
 # --------------------------------------------------------------------------- DDL
+
 
 def _spider_type(kind) -> str:
     """tables.json's column type (text, number, time, boolean, others) for a sqlglot type."""
@@ -112,8 +116,9 @@ def schema_from_ddl(ddl: str, db_id: str = "ddl") -> Schema:
     try:
         statements = sqlglot.parse(ddl, read="sqlite")
     except SqlglotError as exc:
-        raise InputError(f"ddl: cannot parse the CREATE TABLE statements: "
-                         f"{str(exc).splitlines()[0][:300]}") from None
+        raise InputError(
+            f"ddl: cannot parse the CREATE TABLE statements: {str(exc).splitlines()[0][:300]}"
+        ) from None
     except RecursionError:
         raise InputError("ddl: nested too deeply to parse") from None
     tables: list[Table] = []
@@ -140,35 +145,43 @@ def schema_from_ddl(ddl: str, db_id: str = "ddl") -> Schema:
                     elif isinstance(kind, exp.Reference):
                         ref = kind.this
                         ref_cols = [_name(c) for c in getattr(ref, "expressions", [])]
-                        foreign_keys.append(ForeignKey(table_name, name, _name(ref.this)
-                                                       if isinstance(ref, exp.Schema)
-                                                       else _name(ref),
-                                                       ref_cols[0] if ref_cols else name))
+                        foreign_keys.append(
+                            ForeignKey(
+                                table_name,
+                                name,
+                                _name(ref.this) if isinstance(ref, exp.Schema) else _name(ref),
+                                ref_cols[0] if ref_cols else name,
+                            )
+                        )
                 columns.append((name, _spider_type(item.args.get("kind")), is_pk))
             elif isinstance(item, exp.PrimaryKey):
-                primary.update(_name(c.this if isinstance(c, exp.Ordered) else c)
-                               for c in item.expressions)
+                primary.update(
+                    _name(c.this if isinstance(c, exp.Ordered) else c) for c in item.expressions
+                )
             elif isinstance(item, exp.ForeignKey):
                 ref = item.args.get("reference")
                 if ref is None:
                     continue
                 ref_schema = ref.this
-                ref_table = _name(ref_schema.this if isinstance(ref_schema, exp.Schema)
-                                  else ref_schema)
+                ref_table = _name(
+                    ref_schema.this if isinstance(ref_schema, exp.Schema) else ref_schema
+                )
                 ref_cols = [_name(c) for c in getattr(ref_schema, "expressions", [])]
                 for i, col in enumerate(item.expressions):
                     ref_col = ref_cols[i] if i < len(ref_cols) else _name(col)
                     foreign_keys.append(ForeignKey(table_name, _name(col), ref_table, ref_col))
         if not columns:
             raise InputError(f"ddl: table {table_name!r} has no columns")
-        tables.append(Table(table_name, tuple(Column(n, t, pk or n in primary)
-                                              for n, t, pk in columns)))
+        tables.append(
+            Table(table_name, tuple(Column(n, t, pk or n in primary) for n, t, pk in columns))
+        )
     if not tables:
         raise InputError("ddl: no CREATE TABLE statement found")
     return Schema(db_id, tuple(tables), tuple(foreign_keys))
 
 
 # --------------------------------------------------------------------------- prompts
+
 
 class PromptBuilder:
     """Chat messages for a request, the way `sqlrl.prepare` made the training prompts."""
@@ -194,39 +207,57 @@ class PromptBuilder:
             from sqlrl.prepare import PromptFactory
 
             prepare = PrepareParams(
-                schema_format=settings.schema_format, sample_rows=settings.sample_rows,
-                include_train_others=False, heldout_fraction=0.0, max_train_examples=0,
-                max_dev_examples=0, system_prompt=settings.system_prompt,
+                schema_format=settings.schema_format,
+                sample_rows=settings.sample_rows,
+                include_train_others=False,
+                heldout_fraction=0.0,
+                max_train_examples=0,
+                max_dev_examples=0,
+                system_prompt=settings.system_prompt,
                 augment=AugmentParams(0, False, 0.0),
                 mark_schema_mentions=settings.mark_schema_mentions,
-                max_prompt_tokens=settings.max_prompt_tokens)
+                max_prompt_tokens=settings.max_prompt_tokens,
+            )
             self._factory = PromptFactory(prepare, self.schemas, self.spider_dir)
 
     # ------------------------------------------------------------------ databases
     def db_path(self, db_id: str) -> Path:
         from sqlrl.spider import database_path
+
         return database_path(self.spider_dir, db_id)
 
     def check_db_id(self, db_id: str, need_file: bool) -> Path:
         """The database file of a valid `db_id` (a 404 naming it when unknown or absent)."""
         if not DB_ID_PATTERN.fullmatch(db_id):
-            raise InputError(f"db_id {db_id[:80]!r} is not a database name (letters, digits "
-                             f"and _ only)")
+            raise InputError(
+                f"db_id {db_id[:80]!r} is not a database name (letters, digits and _ only)"
+            )
         if not self.schemas:
             raise InputError(f"db_id {db_id!r} cannot be used: {self.spider_error}", 503)
         if db_id not in self.schemas:
-            raise InputError(f"unknown db_id {db_id!r}: not in the server's tables.json "
-                             f"(GET /databases lists them)", 404)
+            raise InputError(
+                f"unknown db_id {db_id!r}: not in the server's tables.json "
+                f"(GET /databases lists them)",
+                404,
+            )
         path = self.db_path(db_id)
         if need_file and not path.is_file():
-            raise InputError(f"database {db_id!r} is in tables.json but its SQLite file is "
-                             f"absent from the server's Spider directory", 404)
+            raise InputError(
+                f"database {db_id!r} is in tables.json but its SQLite file is "
+                f"absent from the server's Spider directory",
+                404,
+            )
         return path
 
     def databases(self) -> list[dict]:
-        return [{"db_id": db_id, "present": self.db_path(db_id).is_file(),
-                 "tables": [t.name for t in schema.tables]}
-                for db_id, schema in sorted(self.schemas.items())]
+        return [
+            {
+                "db_id": db_id,
+                "present": self.db_path(db_id).is_file(),
+                "tables": [t.name for t in schema.tables],
+            }
+            for db_id, schema in sorted(self.schemas.items())
+        ]
 
     def schema(self, *, db_id: str | None = None, ddl: str | None = None) -> Schema | None:
         """The schema of a request that names a database or gives DDL; None for schema_str
@@ -241,8 +272,14 @@ class PromptBuilder:
         return None
 
     # ------------------------------------------------------------------ messages
-    def messages(self, question: str, *, schema_str: str | None = None,
-                 db_id: str | None = None, ddl: str | None = None) -> list[dict]:
+    def messages(
+        self,
+        question: str,
+        *,
+        schema_str: str | None = None,
+        db_id: str | None = None,
+        ddl: str | None = None,
+    ) -> list[dict]:
         from sqlrl.augment import mark_question
         from sqlrl.prompts import build_messages, serialize_schema
         from sqlrl.spider import Example

@@ -11,6 +11,7 @@ For a public deployment: request heads are capped (431), an optional API key gua
 but a minimal /health (401), DDL parsing and tokenization run in a small worker pool off the event
 loop, and a request whose client has gone is cancelled, so it never reaches the model.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,7 +28,6 @@ from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Optional
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -44,26 +44,27 @@ log = logging.getLogger("sqlrl.serve")
 # the lowest sampling temperature: below it logits / temperature overflow into NaN
 # probabilities (vLLM clamps to the same 0.01); 0 means greedy
 MIN_TEMPERATURE = 0.01
-PREPARE_WORKERS = 2         # threads parsing DDL, tokenizing and repairing SQL, off the loop
-DISCONNECT_POLL_S = 0.25    # how often a waiting request checks that its client is still there
+PREPARE_WORKERS = 2  # threads parsing DDL, tokenizing and repairing SQL, off the loop
+DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
 
 
 @dataclass
 class ServeConfig:
     """Everything the server is configured with (CLI flags / SQLRL_* environment variables)."""
+
     model: str = "models/final"
     spider_dir: str = str(SPIDER_DIR)
-    backend: str = "auto"                  # auto | transformers | vllm
-    vllm_engine: str = "auto"              # auto | async | llm
+    backend: str = "auto"  # auto | transformers | vllm
+    vllm_engine: str = "auto"  # auto | async | llm
     # prompt settings: the model folder's sqlrl_prompt.json; each of these overrides one
-    schema_format: str | None = None       # prepare.schema_format
-    sample_rows: int | None = None         # prepare.sample_rows
-    system_prompt: str | None = None       # prepare.system_prompt
+    schema_format: str | None = None  # prepare.schema_format
+    sample_rows: int | None = None  # prepare.sample_rows
+    system_prompt: str | None = None  # prepare.system_prompt
     mark_schema_mentions: bool | None = None  # prepare.mark_schema_mentions
-    schema_repair: bool | None = None      # eval.schema_repair
+    schema_repair: bool | None = None  # eval.schema_repair
     sample_rows_token_budget: int | None = None  # prepare.max_prompt_tokens
     dtype: str | None = None
-    torch_threads: int = 0                 # CPU threads for torch (0: the usable cores)
+    torch_threads: int = 0  # CPU threads for torch (0: the usable cores)
     # batching and deadlines
     max_batch_size: int = 16
     batch_wait_ms: float = 10.0
@@ -73,30 +74,35 @@ class ServeConfig:
     max_body_bytes: int = 256 * 1024
     max_question_chars: int = 2000
     max_schema_chars: int = 100_000
-    max_ddl_chars: int = 32_000            # DDL is parsed (sqlglot): its cost grows with length
-    max_header_bytes: int = 16 * 1024      # request line and headers (431 beyond)
-    body_timeout_s: float = 10.0           # the whole body must arrive within it (408 beyond)
-    api_key: str | None = None             # when set: Authorization: Bearer <key> (401 without)
-    max_prompt_tokens: int = 0             # 0: the model's context minus max_new_tokens
+    max_ddl_chars: int = 32_000  # DDL is parsed (sqlglot): its cost grows with length
+    max_header_bytes: int = 16 * 1024  # request line and headers (431 beyond)
+    body_timeout_s: float = 10.0  # the whole body must arrive within it (408 beyond)
+    api_key: str | None = None  # when set: Authorization: Bearer <key> (401 without)
+    max_prompt_tokens: int = 0  # 0: the model's context minus max_new_tokens
     # generation settings: defaults and bounds
-    max_new_tokens: int = 128              # default per request
+    max_new_tokens: int = 128  # default per request
     max_new_tokens_limit: int = 512
     max_num_samples: int = 16
     max_temperature: float = 2.0
-    sample_temperature: float = 0.8        # used when num_samples > 1 and none is given
+    sample_temperature: float = 0.8  # used when num_samples > 1 and none is given
     seed: int = 0
     # execution
     exec_timeout_s: float = 5.0
-    max_rows: int = 100                    # rows returned at most (a request may ask fewer)
-    warmup: bool = True                    # one short generation at startup (first call is slow)
+    max_rows: int = 100  # rows returned at most (a request may ask fewer)
+    warmup: bool = True  # one short generation at startup (first call is slow)
 
     def backend_options(self) -> BackendOptions:
-        return BackendOptions(backend=self.backend, vllm_engine=self.vllm_engine,
-                              max_batch_size=self.max_batch_size,
-                              batch_wait_s=self.batch_wait_ms / 1000.0,
-                              max_queue=self.max_queue,
-                              default_max_new_tokens=self.max_new_tokens, seed=self.seed,
-                              dtype=self.dtype, torch_threads=self.torch_threads)
+        return BackendOptions(
+            backend=self.backend,
+            vllm_engine=self.vllm_engine,
+            max_batch_size=self.max_batch_size,
+            batch_wait_s=self.batch_wait_ms / 1000.0,
+            max_queue=self.max_queue,
+            default_max_new_tokens=self.max_new_tokens,
+            seed=self.seed,
+            dtype=self.dtype,
+            torch_threads=self.torch_threads,
+        )
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -109,11 +115,14 @@ class ServeConfig:
 
 # prompt setting (sqlrl_prompt.json) -> the ServeConfig field (and flag) that overrides it;
 # prepare.max_prompt_tokens has another name here: max_prompt_tokens is the request limit
-PROMPT_OVERRIDES = {"schema_format": "schema_format", "sample_rows": "sample_rows",
-                    "system_prompt": "system_prompt",
-                    "mark_schema_mentions": "mark_schema_mentions",
-                    "schema_repair": "schema_repair",
-                    "max_prompt_tokens": "sample_rows_token_budget"}
+PROMPT_OVERRIDES = {
+    "schema_format": "schema_format",
+    "sample_rows": "sample_rows",
+    "system_prompt": "system_prompt",
+    "mark_schema_mentions": "mark_schema_mentions",
+    "schema_repair": "schema_repair",
+    "max_prompt_tokens": "sample_rows_token_budget",
+}
 
 
 def prompt_settings_for(config: ServeConfig) -> PromptSettings:
@@ -123,29 +132,35 @@ def prompt_settings_for(config: ServeConfig) -> PromptSettings:
     try:
         return PromptSettings.for_model(config.model, **overrides)
     except PromptSettingsError as exc:
-        flags = ", ".join("--" + PROMPT_OVERRIDES[name].replace("_", "-")
-                          for name, value in overrides.items() if value is None)
-        raise PromptSettingsError(f"{exc}. To serve this model anyway, give the settings it "
-                                  f"was trained with: {flags}") from None
+        flags = ", ".join(
+            "--" + PROMPT_OVERRIDES[name].replace("_", "-")
+            for name, value in overrides.items()
+            if value is None
+        )
+        raise PromptSettingsError(
+            f"{exc}. To serve this model anyway, give the settings it was trained with: {flags}"
+        ) from None
 
 
 class GenerateRequest(BaseModel):
     """POST /generate. Exactly one of schema_str, db_id, ddl."""
+
     model_config = ConfigDict(extra="forbid", strict=True)
 
     question: str
-    schema_str: Optional[str] = None
-    db_id: Optional[str] = None
-    ddl: Optional[str] = None
+    schema_str: str | None = None
+    db_id: str | None = None
+    ddl: str | None = None
     execute: bool = False
-    max_new_tokens: Optional[int] = None
-    temperature: Optional[float] = None
-    num_samples: Optional[int] = None
-    seed: Optional[int] = None
-    max_rows: Optional[int] = None
+    max_new_tokens: int | None = None
+    temperature: float | None = None
+    num_samples: int | None = None
+    seed: int | None = None
+    max_rows: int | None = None
 
 
 # --------------------------------------------------------------------------- errors
+
 
 class HTTPError(Exception):
     def __init__(self, status: int, message: str, headers: dict | None = None):
@@ -164,24 +179,29 @@ def _validation_message(exc: ValidationError) -> str:
         loc = ".".join(str(x) for x in err.get("loc", ())) or "body"
         msg = err.get("msg", "invalid")
         if err.get("type") == "extra_forbidden":
-            msg = "unknown field (allowed: question, schema_str, db_id, ddl, execute, " \
-                  "max_new_tokens, temperature, num_samples, seed, max_rows)"
+            msg = (
+                "unknown field (allowed: question, schema_str, db_id, ddl, execute, "
+                "max_new_tokens, temperature, num_samples, seed, max_rows)"
+            )
         parts.append(f"{loc}: {msg}")
     return "; ".join(parts)
 
 
 def _check_text(name: str, value: str, limit: int) -> None:
     if len(value) > limit:
-        raise HTTPError(413, f"{name} is {len(value)} characters, over the server's limit "
-                             f"of {limit}")
+        raise HTTPError(
+            413, f"{name} is {len(value)} characters, over the server's limit of {limit}"
+        )
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise HTTPError(400, f"{name} is not valid Unicode text ({exc.reason} at "
-                             f"position {exc.start})") from None
+        raise HTTPError(
+            400, f"{name} is not valid Unicode text ({exc.reason} at position {exc.start})"
+        ) from None
 
 
 # --------------------------------------------------------------------------- JSON-safe rows
+
 
 def _json_value(value):
     if isinstance(value, str):
@@ -203,6 +223,7 @@ def _json_rows(rows) -> list[list]:
 
 # --------------------------------------------------------------------------- the app
 
+
 class Service:
     """What the routes share: config, prompt builder, backend, counters."""
 
@@ -221,8 +242,9 @@ class Service:
         self._pool = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="sqlrl-prepare")
         if self.backend is None:
             t0 = time.perf_counter()
-            self.backend = await asyncio.to_thread(make_backend, self.config.model,
-                                                   self.config.backend_options())
+            self.backend = await asyncio.to_thread(
+                make_backend, self.config.model, self.config.backend_options()
+            )
             self.load_seconds = round(time.perf_counter() - t0, 3)
             await self.backend.start()
             if self.config.warmup:
@@ -241,8 +263,9 @@ class Service:
         messages = build_messages("t | c", "warm up", self.settings.system_prompt)
         prompt = render_prompt(self.backend.tokenizer, messages)
         try:
-            await asyncio.wait_for(self.backend.complete(prompt, max_new_tokens=2),
-                                   self.config.request_timeout_s)
+            await asyncio.wait_for(
+                self.backend.complete(prompt, max_new_tokens=2), self.config.request_timeout_s
+            )
         except Exception as exc:  # noqa: BLE001 - a failed warm-up is not fatal; requests say more
             log.warning("serve: warm-up generation failed: %s: %s", type(exc).__name__, exc)
 
@@ -257,39 +280,49 @@ class Service:
         c = self.config
         max_new = c.max_new_tokens if req.max_new_tokens is None else req.max_new_tokens
         if not 1 <= max_new <= c.max_new_tokens_limit:
-            raise HTTPError(422, f"max_new_tokens must be between 1 and "
-                                 f"{c.max_new_tokens_limit}, got {max_new}")
+            raise HTTPError(
+                422, f"max_new_tokens must be between 1 and {c.max_new_tokens_limit}, got {max_new}"
+            )
         n = 1 if req.num_samples is None else req.num_samples
         if not 1 <= n <= c.max_num_samples:
-            raise HTTPError(422, f"num_samples must be between 1 and {c.max_num_samples}, "
-                                 f"got {n}")
+            raise HTTPError(422, f"num_samples must be between 1 and {c.max_num_samples}, got {n}")
         if req.temperature is None:
             temperature = c.sample_temperature if n > 1 else 0.0
         else:
             temperature = float(req.temperature)
-        if not (math.isfinite(temperature) and (
-                temperature == 0.0 or MIN_TEMPERATURE <= temperature <= c.max_temperature)):
-            raise HTTPError(422, f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} "
-                                 f"and {c.max_temperature:g}, got {req.temperature}")
+        if not (
+            math.isfinite(temperature)
+            and (temperature == 0.0 or MIN_TEMPERATURE <= temperature <= c.max_temperature)
+        ):
+            raise HTTPError(
+                422,
+                f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} "
+                f"and {c.max_temperature:g}, got {req.temperature}",
+            )
         if n > 1 and temperature == 0.0:
-            raise HTTPError(422, "num_samples > 1 needs a temperature > 0 (greedy decoding "
-                                 "gives one answer)")
+            raise HTTPError(
+                422, "num_samples > 1 needs a temperature > 0 (greedy decoding gives one answer)"
+            )
         max_rows = c.max_rows if req.max_rows is None else req.max_rows
         if not 0 <= max_rows <= c.max_rows:
             raise HTTPError(422, f"max_rows must be between 0 and {c.max_rows}, got {max_rows}")
         seed = c.seed if req.seed is None else req.seed
-        if not 0 <= seed < 2 ** 32:
+        if not 0 <= seed < 2**32:
             raise HTTPError(422, f"seed must be between 0 and 2**32 - 1, got {seed}")
-        return dict(max_new_tokens=max_new, n=n, temperature=temperature, seed=seed,
-                    max_rows=max_rows)
+        return dict(
+            max_new_tokens=max_new, n=n, temperature=temperature, seed=seed, max_rows=max_rows
+        )
 
     def prompt_for(self, req: GenerateRequest) -> tuple[str, Path | None]:
         """The rendered prompt and, for an execute request, the database file."""
         c = self.config
         given = [k for k in ("schema_str", "db_id", "ddl") if getattr(req, k) is not None]
         if len(given) != 1:
-            raise HTTPError(422, "give exactly one of schema_str, db_id or ddl"
-                                 + (f" (got {', '.join(given)})" if given else ""))
+            raise HTTPError(
+                422,
+                "give exactly one of schema_str, db_id or ddl"
+                + (f" (got {', '.join(given)})" if given else ""),
+            )
         _check_text("question", req.question, c.max_question_chars)
         question = unicodedata.normalize("NFC", req.question).strip()
         if not question:
@@ -303,16 +336,20 @@ class Service:
         if req.db_id is not None:
             _check_text("db_id", req.db_id, 128)
         if req.execute and req.db_id is None:
-            raise HTTPError(422, "execute needs a db_id: only databases of the server's "
-                                 "Spider directory can be queried")
+            raise HTTPError(
+                422,
+                "execute needs a db_id: only databases of the server's "
+                "Spider directory can be queried",
+            )
         try:
-            db_path = (self.prompts.check_db_id(req.db_id, need_file=True)
-                       if req.execute else None)
-            messages = self.prompts.messages(question, schema_str=req.schema_str,
-                                             db_id=req.db_id, ddl=req.ddl)
+            db_path = self.prompts.check_db_id(req.db_id, need_file=True) if req.execute else None
+            messages = self.prompts.messages(
+                question, schema_str=req.schema_str, db_id=req.db_id, ddl=req.ddl
+            )
         except InputError as exc:
             raise HTTPError(exc.status, str(exc)) from None
         from sqlrl.prompts import render_prompt
+
         return render_prompt(self.backend.tokenizer, messages), db_path
 
     def check_prompt_length(self, prompt: str, max_new_tokens: int) -> int:
@@ -325,8 +362,11 @@ class Service:
             why = f"the model's context of {context} tokens minus max_new_tokens {max_new_tokens}"
         n_tokens = len(self.backend.tokenizer(prompt, add_special_tokens=False)["input_ids"])
         if limit and n_tokens > limit:
-            raise HTTPError(413, f"the prompt is {n_tokens} tokens, over the limit of {limit} "
-                                 f"({why}); shorten the schema or question")
+            raise HTTPError(
+                413,
+                f"the prompt is {n_tokens} tokens, over the limit of {limit} "
+                f"({why}); shorten the schema or question",
+            )
         return n_tokens
 
     def repaired(self, req: GenerateRequest, sqls: list[str]) -> list[str]:
@@ -345,12 +385,19 @@ class Service:
         t0 = time.perf_counter()
         try:
             texts = await asyncio.wait_for(
-                self.backend.complete(prompt, n=opts["n"], temperature=opts["temperature"],
-                                      max_new_tokens=opts["max_new_tokens"], seed=opts["seed"]),
-                timeout=self.config.request_timeout_s)
-        except asyncio.TimeoutError:
-            raise HTTPError(504, f"generation did not finish within "
-                                 f"{self.config.request_timeout_s:g} s") from None
+                self.backend.complete(
+                    prompt,
+                    n=opts["n"],
+                    temperature=opts["temperature"],
+                    max_new_tokens=opts["max_new_tokens"],
+                    seed=opts["seed"],
+                ),
+                timeout=self.config.request_timeout_s,
+            )
+        except TimeoutError:
+            raise HTTPError(
+                504, f"generation did not finish within {self.config.request_timeout_s:g} s"
+            ) from None
         except Busy as exc:
             raise HTTPError(503, str(exc)) from None
         except NotReady as exc:
@@ -371,6 +418,7 @@ class Service:
             verdicts = await asyncio.to_thread(self._execute_all, db_path, sqls, opts["max_rows"])
             if len(sqls) > 1:
                 from sqlrl.evaluate import vote
+
                 chosen, votes = vote(verdicts)
                 out.update(votes=votes, vote="execution")
         elif len(sqls) > 1:  # no database to run them on: the most frequent SQL text wins
@@ -427,33 +475,44 @@ class Service:
     async def parse_body(self, request) -> GenerateRequest:
         limit = self.config.max_body_bytes
         declared = request.headers.get("content-length")
-        if declared is not None and declared.isascii() and declared.isdigit() \
-                and int(declared) > limit:
-            raise HTTPError(413, f"request body is {declared} bytes, over the server's limit "
-                                 f"of {limit}", CLOSE)
+        if (
+            declared is not None
+            and declared.isascii()
+            and declared.isdigit()
+            and int(declared) > limit
+        ):
+            raise HTTPError(
+                413, f"request body is {declared} bytes, over the server's limit of {limit}", CLOSE
+            )
         chunks, size = [], 0
         try:
             async with asyncio.timeout(self.config.body_timeout_s):
                 async for chunk in request.stream():
                     size += len(chunk)
                     if size > limit:
-                        raise HTTPError(413, f"request body is over the server's limit of "
-                                             f"{limit} bytes", CLOSE)
+                        raise HTTPError(
+                            413, f"request body is over the server's limit of {limit} bytes", CLOSE
+                        )
                     chunks.append(chunk)
         except TimeoutError:
-            raise HTTPError(408, f"request body not received within "
-                                 f"{self.config.body_timeout_s:g} s", CLOSE) from None
+            raise HTTPError(
+                408, f"request body not received within {self.config.body_timeout_s:g} s", CLOSE
+            ) from None
         except ClientDisconnect:
             raise HTTPError(499, "the client closed the connection") from None
         body = b"".join(chunks)
         if not body.strip():
-            raise HTTPError(400, 'empty request body: send a JSON object such as '
-                                 '{"question": "...", "db_id": "..."}')
+            raise HTTPError(
+                400,
+                "empty request body: send a JSON object such as "
+                '{"question": "...", "db_id": "..."}',
+            )
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise HTTPError(400, f"request body is not valid UTF-8 (byte {exc.start}: "
-                                 f"{exc.reason})") from None
+            raise HTTPError(
+                400, f"request body is not valid UTF-8 (byte {exc.start}: {exc.reason})"
+            ) from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -461,11 +520,11 @@ class Service:
         except RecursionError:
             raise HTTPError(400, "request body is nested too deeply") from None
         except ValueError:  # an integer longer than Python converts
-            raise HTTPError(400, f"request body has a number of more than "
-                                 f"{sys.get_int_max_str_digits()} digits") from None
+            raise HTTPError(
+                400, f"request body has a number of more than {sys.get_int_max_str_digits()} digits"
+            ) from None
         if not isinstance(data, dict):
-            raise HTTPError(422, f"request body must be a JSON object, got "
-                                 f"{type(data).__name__}")
+            raise HTTPError(422, f"request body must be a JSON object, got {type(data).__name__}")
         try:
             return GenerateRequest.model_validate(data)
         except ValidationError as exc:
@@ -474,17 +533,21 @@ class Service:
     # ------------------------------------------------------------------ info
     def health(self) -> dict:
         b = self.backend
-        return {"status": "ok" if b is not None else "loading",
-                "model_loaded": b is not None,
-                "backend": getattr(b, "name", None),
-                "model": Path(self.config.model).name,
-                "uptime_s": round(time.time() - self.started, 1),
-                "load_seconds": self.load_seconds,
-                "prompt": asdict(self.settings),
-                "spider": {"databases": len(self.prompts.schemas),
-                           "error": self.prompts.spider_error or None},
-                "requests": dict(self.counts),
-                **(b.info() if b is not None else {})}
+        return {
+            "status": "ok" if b is not None else "loading",
+            "model_loaded": b is not None,
+            "backend": getattr(b, "name", None),
+            "model": Path(self.config.model).name,
+            "uptime_s": round(time.time() - self.started, 1),
+            "load_seconds": self.load_seconds,
+            "prompt": asdict(self.settings),
+            "spider": {
+                "databases": len(self.prompts.schemas),
+                "error": self.prompts.spider_error or None,
+            },
+            "requests": dict(self.counts),
+            **(b.info() if b is not None else {}),
+        }
 
 
 class HeaderLimit:
@@ -497,20 +560,33 @@ class HeaderLimit:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
-            size = len(scope.get("raw_path", b"")) + len(scope.get("query_string", b"")) + sum(
-                len(name) + len(value) + 4 for name, value in scope["headers"])
+            size = (
+                len(scope.get("raw_path", b""))
+                + len(scope.get("query_string", b""))
+                + sum(len(name) + len(value) + 4 for name, value in scope["headers"])
+            )
             if size > self.limit:
                 self.counts["431"] += 1
                 response = JSONResponse(
-                    {"detail": f"request headers are {size} bytes, over the server's limit "
-                               f"of {self.limit}"}, status_code=431, headers=CLOSE)
+                    {
+                        "detail": f"request headers are {size} bytes, over the server's limit "
+                        f"of {self.limit}"
+                    },
+                    status_code=431,
+                    headers=CLOSE,
+                )
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
-def create_app(config: ServeConfig | None = None, *, backend=None,
-               prompt_settings: PromptSettings | None = None, **overrides):
+def create_app(
+    config: ServeConfig | None = None,
+    *,
+    backend=None,
+    prompt_settings: PromptSettings | None = None,
+    **overrides,
+):
     """The FastAPI app. The model is loaded at startup (lifespan), not here.
 
     `backend` injects a ready backend (tests: a BatchingBackend around any Generator);
@@ -532,8 +608,12 @@ def create_app(config: ServeConfig | None = None, *, backend=None,
         finally:
             await service.close()
 
-    app = FastAPI(title="sqlrl text-to-SQL", version="1", lifespan=lifespan,
-                  summary="Text-to-SQL with a model fine-tuned on Spider")
+    app = FastAPI(
+        title="sqlrl text-to-SQL",
+        version="1",
+        lifespan=lifespan,
+        summary="Text-to-SQL with a model fine-tuned on Spider",
+    )
     app.state.service = service
 
     app.add_middleware(HeaderLimit, limit=config.max_header_bytes, counts=service.counts)
@@ -541,27 +621,37 @@ def create_app(config: ServeConfig | None = None, *, backend=None,
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, exc: HTTPError):
         service.counts[str(exc.status)] += 1
-        return JSONResponse({"detail": exc.message}, status_code=exc.status,
-                            headers=exc.headers)
+        return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=exc.headers)
 
     def authorized(request: Request) -> bool:
         if not config.api_key:
             return True
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         return scheme.lower() == "bearer" and secrets.compare_digest(
-            token.strip().encode("latin-1"), config.api_key.encode("utf-8"))
+            token.strip().encode("latin-1"), config.api_key.encode("utf-8")
+        )
 
     async def require_key(request: Request) -> None:
         """--api-key: every route but /health needs `Authorization: Bearer <key>`."""
         if not authorized(request):
-            raise HTTPError(401, "missing or wrong API key: send Authorization: Bearer <key>",
-                            {"www-authenticate": "Bearer"})
+            raise HTTPError(
+                401,
+                "missing or wrong API key: send Authorization: Bearer <key>",
+                {"www-authenticate": "Bearer"},
+            )
 
     keyed = [Depends(require_key)]
 
-    @app.post("/generate", dependencies=keyed, openapi_extra={"requestBody": {
-        "required": True, "content": {
-            "application/json": {"schema": GenerateRequest.model_json_schema()}}}})
+    @app.post(
+        "/generate",
+        dependencies=keyed,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": GenerateRequest.model_json_schema()}},
+            }
+        },
+    )
     async def generate(request: Request):
         """SQL for a question about a schema (schema_str, db_id or ddl); see the README."""
         try:
@@ -571,8 +661,7 @@ def create_app(config: ServeConfig | None = None, *, backend=None,
             raise
         except Exception:  # noqa: BLE001 - a bug or a broken dependency: logged, not shown
             log.exception("POST /generate failed")
-            raise HTTPError(500, "internal server error (the server log has the details)") \
-                from None
+            raise HTTPError(500, "internal server error (the server log has the details)") from None
         service.counts["200"] += 1
         return result
 
@@ -585,10 +674,19 @@ def create_app(config: ServeConfig | None = None, *, backend=None,
     @app.get("/v1/models", dependencies=keyed)
     async def models():
         name = Path(config.model).name or config.model
-        return {"object": "list", "data": [{
-            "id": name, "object": "model", "owned_by": "sqlrl", "root": name,
-            "backend": getattr(service.backend, "name", None),
-            "max_new_tokens_limit": config.max_new_tokens_limit}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": name,
+                    "object": "model",
+                    "owned_by": "sqlrl",
+                    "root": name,
+                    "backend": getattr(service.backend, "name", None),
+                    "max_new_tokens_limit": config.max_new_tokens_limit,
+                }
+            ],
+        }
 
     @app.get("/databases", dependencies=keyed)
     async def databases():

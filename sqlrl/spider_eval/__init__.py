@@ -11,6 +11,7 @@ parse.py), and the comparison and difficulty rules keep its quirks (exact_match.
 hardness.py). Parses and schema indexes are cached, so scoring a split takes well
 under a second.
 """
+
 from sqlrl.spider_eval.exact_match import exact_match
 from sqlrl.spider_eval.hardness import hardness
 from sqlrl.spider_eval.lexer import SpiderParseError

@@ -19,6 +19,7 @@ presence, and/or set, intersect/union/except recursively, keyword set), and the 
 table units must agree as a multiset. JOIN ON conditions are not compared beyond those
 keywords, as in test-suite-sql-eval's evaluation.py.
 """
+
 from __future__ import annotations
 
 from sqlrl.spider_eval.lexer import SpiderParseError
@@ -30,11 +31,18 @@ _IUE = ("intersect", "except", "union")
 
 # ---- normalization ---------------------------------------------------------------------
 def _drop_condition_values(cond: list) -> list:
-    return [c if isinstance(c, str) else
-            (c[0], c[1], c[2],
-             drop_values(c[3]) if isinstance(c[3], dict) else None,
-             drop_values(c[4]) if isinstance(c[4], dict) else None)
-            for c in cond]
+    return [
+        c
+        if isinstance(c, str)
+        else (
+            c[0],
+            c[1],
+            c[2],
+            drop_values(c[3]) if isinstance(c[3], dict) else None,
+            drop_values(c[4]) if isinstance(c[4], dict) else None,
+        )
+        for c in cond
+    ]
 
 
 def drop_values(sql: dict | None) -> dict | None:
@@ -42,8 +50,10 @@ def drop_values(sql: dict | None) -> dict | None:
     if sql is None:
         return None
     out = dict(sql)
-    out["from"] = {"table_units": sql["from"]["table_units"],
-                   "conds": _drop_condition_values(sql["from"]["conds"])}
+    out["from"] = {
+        "table_units": sql["from"]["table_units"],
+        "conds": _drop_condition_values(sql["from"]["conds"]),
+    }
     out["where"] = _drop_condition_values(sql["where"])
     out["having"] = _drop_condition_values(sql["having"])
     for key in _IUE:
@@ -78,7 +88,10 @@ class _Folder:
         order = sql["orderBy"]
         return {
             "select": (None, [(agg, self.val(vu)) for agg, vu in sql["select"][1]]),
-            "from": {"table_units": sql["from"]["table_units"], "conds": self.cond(sql["from"]["conds"])},
+            "from": {
+                "table_units": sql["from"]["table_units"],
+                "conds": self.cond(sql["from"]["conds"]),
+            },
             "where": self.cond(sql["where"]),
             "groupBy": [self.col(cu) for cu in sql["groupBy"]],
             "orderBy": (order[0], [self.val(vu) for vu in order[1]]) if order else order,
@@ -141,36 +154,41 @@ def _components_match(pred: dict, gold: dict) -> bool:
     """Every partial score of the official eval_partial_match equals 1."""
     p_sel, g_sel = pred["select"][1], gold["select"][1]
     if not _full(_matched(p_sel, g_sel), len(p_sel), len(g_sel)):
-        return False                                                  # select
+        return False  # select
     if not _full(_matched([u[1] for u in p_sel], [u[1] for u in g_sel]), len(p_sel), len(g_sel)):
-        return False                                                  # select (no AGG)
+        return False  # select (no AGG)
     p_where, g_where = pred["where"][::2], gold["where"][::2]
     if not _full(_matched(p_where, g_where), len(p_where), len(g_where)):
-        return False                                                  # where
-    if not _full(_matched([u[2] for u in p_where], [u[2] for u in g_where]), len(p_where), len(g_where)):
-        return False                                                  # where (no OP)
+        return False  # where
+    if not _full(
+        _matched([u[2] for u in p_where], [u[2] for u in g_where]), len(p_where), len(g_where)
+    ):
+        return False  # where (no OP)
     p_group = [_group_name(cu[1]) for cu in pred["groupBy"]]
     g_group = [_group_name(cu[1]) for cu in gold["groupBy"]]
     if not _full(_matched(p_group, g_group), len(p_group), len(g_group)):
-        return False                                                  # group (no Having)
+        return False  # group (no Having)
     if bool(pred["groupBy"]) != bool(gold["groupBy"]):
-        return False                                                  # group
-    if gold["groupBy"] and ([cu[1] for cu in pred["groupBy"]] != [cu[1] for cu in gold["groupBy"]]
-                            or pred["having"] != gold["having"]):
+        return False  # group
+    if gold["groupBy"] and (
+        [cu[1] for cu in pred["groupBy"]] != [cu[1] for cu in gold["groupBy"]]
+        or pred["having"] != gold["having"]
+    ):
         return False
     if bool(pred["orderBy"]) != bool(gold["orderBy"]):
-        return False                                                  # order
-    if gold["orderBy"] and (pred["orderBy"] != gold["orderBy"]
-                            or (pred["limit"] is None) != (gold["limit"] is None)):
+        return False  # order
+    if gold["orderBy"] and (
+        pred["orderBy"] != gold["orderBy"] or (pred["limit"] is None) != (gold["limit"] is None)
+    ):
         return False
     if set(pred["where"][1::2]) != set(gold["where"][1::2]):
-        return False                                                  # and/or
-    for key in _IUE:                                                  # IUEN
+        return False  # and/or
+    for key in _IUE:  # IUEN
         if (pred[key] is None) != (gold[key] is None):
             return False
         if gold[key] is not None and not _exact(pred[key], gold[key]):
             return False
-    return _keywords(pred) == _keywords(gold)                         # keywords
+    return _keywords(pred) == _keywords(gold)  # keywords
 
 
 def _exact(pred: dict, gold: dict) -> bool:
@@ -194,7 +212,9 @@ def exact_match(gold_sql: str, pred_sql: str, schema: dict) -> bool:
     try:
         gold = normalize(parse_sql(gold_sql, schema), index)
     except SpiderParseError as err:
-        raise ValueError(f"gold SQL is unreadable for db {index.db_id!r}: {gold_sql!r} ({err})") from None
+        raise ValueError(
+            f"gold SQL is unreadable for db {index.db_id!r}: {gold_sql!r} ({err})"
+        ) from None
     try:
         pred = normalize(parse_sql(str(pred_sql).replace(" value ", " 1 "), schema), index)
         return bool(_exact(pred, gold))

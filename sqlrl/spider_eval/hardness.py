@@ -15,6 +15,7 @@ raw condition list, where every cond_unit with NOT and every 'and'/'or' word cou
 Likewise "more than one WHERE item" is `len(where) > 1` over the list that includes the
 connectors, i.e. at least two predicates.
 """
+
 from __future__ import annotations
 
 from sqlrl.spider_eval.parse import WHERE_OPS, parse_sql
@@ -61,9 +62,13 @@ def count_others(sql: dict) -> int:
     aggs += sum(_flagged(cu) for cu in sql["groupBy"])
     if sql["orderBy"]:
         units = sql["orderBy"][1]
-        aggs += sum(_flagged(vu[1]) for vu in units if vu[1]) + sum(_flagged(vu[2]) for vu in units if vu[2])
+        aggs += sum(_flagged(vu[1]) for vu in units if vu[1]) + sum(
+            _flagged(vu[2]) for vu in units if vu[2]
+        )
     aggs += sum(_flagged(item) for item in sql["having"])
-    return sum((aggs > 1, len(sql["select"][1]) > 1, len(sql["where"]) > 1, len(sql["groupBy"]) > 1))
+    return sum(
+        (aggs > 1, len(sql["select"][1]) > 1, len(sql["where"]) > 1, len(sql["groupBy"]) > 1)
+    )
 
 
 def level(sql: dict) -> str:
@@ -73,8 +78,11 @@ def level(sql: dict) -> str:
         return "easy"
     if (others <= 2 and c1 <= 1 and c2 == 0) or (c1 <= 2 and others < 2 and c2 == 0):
         return "medium"
-    if ((others > 2 and c1 <= 2 and c2 == 0) or (2 < c1 <= 3 and others <= 2 and c2 == 0)
-            or (c1 <= 1 and others == 0 and c2 <= 1)):
+    if (
+        (others > 2 and c1 <= 2 and c2 == 0)
+        or (2 < c1 <= 3 and others <= 2 and c2 == 0)
+        or (c1 <= 1 and others == 0 and c2 <= 1)
+    ):
         return "hard"
     return "extra"
 

@@ -18,6 +18,7 @@ NLTK's tokenizer, not copied:
 * FROM items are joined only by JOIN (no comma joins); LEFT/INNER/... are unreadable,
   except right after an ON whose last value is a column, where they are skipped.
 """
+
 from __future__ import annotations
 
 import re
@@ -34,23 +35,78 @@ _QUOTES = re.compile(r"['\"]")
 _SPLIT = re.compile(r"(\s+|[()\[\]{}<>;@#$%&?!*,])")
 _WORD = re.compile(r"\w+(\.\w+)?")
 _VALUE_WORD = re.compile(r"__val\d+__")
-_ALONE = {"(", ")", "[", "]", "{", "}", "<", ">", ";", "@", "#", "$", "%", "&", "?", "!", "*", ",",
-          "=", "!=", ">=", "<=", "+", "-", "/"}
-CLAUSE_KEYWORDS = ("select", "from", "where", "group", "order", "limit", "intersect", "union", "except")
+_ALONE = {
+    "(",
+    ")",
+    "[",
+    "]",
+    "{",
+    "}",
+    "<",
+    ">",
+    ";",
+    "@",
+    "#",
+    "$",
+    "%",
+    "&",
+    "?",
+    "!",
+    "*",
+    ",",
+    "=",
+    "!=",
+    ">=",
+    "<=",
+    "+",
+    "-",
+    "/",
+}
+CLAUSE_KEYWORDS = (
+    "select",
+    "from",
+    "where",
+    "group",
+    "order",
+    "limit",
+    "intersect",
+    "union",
+    "except",
+)
 JOIN_MODIFIERS = ("left", "right", "inner", "outer", "cross", "natural", "full")
 _NOT_OPENERS = ("where", "having", "and", "or", "on", "(")
-_KEYWORDS = set(CLAUSE_KEYWORDS) | set(JOIN_MODIFIERS) | {
-    "and", "or", "not", "on", "join", "as", "by", "having", "between", "like", "in", "is",
-    "exists", "distinct", "asc", "desc", "null"}
+_KEYWORDS = (
+    set(CLAUSE_KEYWORDS)
+    | set(JOIN_MODIFIERS)
+    | {
+        "and",
+        "or",
+        "not",
+        "on",
+        "join",
+        "as",
+        "by",
+        "having",
+        "between",
+        "like",
+        "in",
+        "is",
+        "exists",
+        "distinct",
+        "asc",
+        "desc",
+        "null",
+    }
+)
 
 
 @dataclass(frozen=True)
 class Masked:
     """The SQL with string literals swapped for placeholders, and the literal texts."""
 
-    for_sqlglot: str          # literals replaced by '__sN__' (still SQL strings)
-    for_tokens: str           # literals replaced by the word __valN__ (as the official reader does)
-    values: tuple[str, ...]   # each literal as the official reader keeps it: "text"
+    for_sqlglot: str  # literals replaced by '__sN__' (still SQL strings)
+    for_tokens: str  # literals replaced by the word __valN__ (as the official reader does)
+    values: tuple[str, ...]  # each literal as the official reader keeps it: "text"
 
 
 def mask_strings(sql: str) -> Masked:
@@ -67,7 +123,7 @@ def mask_strings(sql: str) -> Masked:
             raise SpiderParseError(f"two string literals in a row in {sql!r}")
         glot += [gap, f"'__s{n // 2}__'"]
         words += [gap, f"__val{n // 2}__"]
-        values.append('"' + sql[start + 1:end] + '"')
+        values.append('"' + sql[start + 1 : end] + '"')
         last = end + 1
     glot.append(sql[last:])
     words.append(sql[last:])
@@ -97,11 +153,17 @@ def _is_number(tok: str) -> bool:
 def _check_atoms(toks: list[str], sql: str) -> None:
     """Each token must be something the official reader can place on its own."""
     for tok in toks:
-        if tok in _ALONE or _VALUE_WORD.fullmatch(tok) or _is_number(tok) or (
-                _WORD.fullmatch(tok) and "__val" not in tok):
+        if (
+            tok in _ALONE
+            or _VALUE_WORD.fullmatch(tok)
+            or _is_number(tok)
+            or (_WORD.fullmatch(tok) and "__val" not in tok)
+        ):
             continue
-        raise SpiderParseError(f"token {tok!r} is not separable by the official tokenizer in {sql!r}")
-    for a, b in zip(toks, toks[1:]):
+        raise SpiderParseError(
+            f"token {tok!r} is not separable by the official tokenizer in {sql!r}"
+        )
+    for a, b in zip(toks, toks[1:], strict=False):
         if a == "<" and b == ">":
             raise SpiderParseError(f"'<>' is not an official operator in {sql!r}")
 
@@ -114,14 +176,18 @@ def _check_not(toks: list[str], sql: str) -> None:
 
 
 def _is_column_token(tok: str) -> bool:
-    return bool(_WORD.fullmatch(tok)) and tok not in _KEYWORDS and not _is_number(tok) \
+    return (
+        bool(_WORD.fullmatch(tok))
+        and tok not in _KEYWORDS
+        and not _is_number(tok)
         and not _VALUE_WORD.fullmatch(tok)
+    )
 
 
 def _check_from_clauses(toks: list[str], sql: str) -> None:
     """Walk every FROM clause with the official reader's expectations (see module doc)."""
-    stack: list[str | None] = []   # per open parenthesis: the FROM state outside it
-    state: str | None = None       # None (not in FROM), table, named, alias, after, on
+    stack: list[str | None] = []  # per open parenthesis: the FROM state outside it
+    state: str | None = None  # None (not in FROM), table, named, alias, after, on
     for i, tok in enumerate(toks):
         if tok == "(":
             stack.append("after" if state == "table" else state)
@@ -156,7 +222,9 @@ def _check_from_clauses(toks: list[str], sql: str) -> None:
             elif tok in JOIN_MODIFIERS:
                 prev = toks[i - 1]
                 if not (_is_column_token(prev) or (prev in JOIN_MODIFIERS and i > 1)):
-                    raise SpiderParseError(f"join modifier {tok!r} is unreadable officially in {sql!r}")
+                    raise SpiderParseError(
+                        f"join modifier {tok!r} is unreadable officially in {sql!r}"
+                    )
 
 
 def alias_map(toks: list[str], index: SchemaIndex, sql: str) -> dict[str, str]:

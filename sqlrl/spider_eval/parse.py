@@ -7,7 +7,8 @@ The form mirrors the one documented at the top of the official evaluation.py:
     cond_unit  (not_op, op_id, val_unit, val1, val2)
     condition  [cond_unit, 'and' | 'or', cond_unit, ...]
     sql        {'select': (is_distinct, [(agg_id, val_unit), ...]),
-                'from': {'table_units': [('table_unit', '__t__') | ('sql', sql)], 'conds': condition},
+                'from': {'table_units': [('table_unit', '__t__') | ('sql', sql)],
+                         'conds': condition},
                 'where': condition, 'groupBy': [col_unit], 'having': condition,
                 'orderBy': [] | ('asc' | 'desc', [val_unit]), 'limit': None | 1,
                 'intersect' / 'union' / 'except': None | sql}
@@ -28,6 +29,7 @@ process_sql.py:
 * set operations chain to the right: `A UNION B EXCEPT C` is A.union = B, B.except = C,
   and a trailing ORDER BY / LIMIT belongs to the last SELECT.
 """
+
 from __future__ import annotations
 
 import re
@@ -47,8 +49,19 @@ _AGG = {exp.Max: 1, exp.Min: 2, exp.Count: 3, exp.Sum: 4, exp.Avg: 5}
 _ARITH = {exp.Sub: 1, exp.Add: 2, exp.Mul: 3, exp.Div: 4}
 _COMPARE = {exp.EQ: 2, exp.GT: 3, exp.LT: 4, exp.GTE: 5, exp.LTE: 6, exp.NEQ: 7}
 _SETOPS = {exp.Union: "union", exp.Intersect: "intersect", exp.Except: "except"}
-_SELECT_ARGS = {"expressions", "distinct", "from_", "joins", "where", "group", "having",
-                "order", "limit", "offset", "kind"}
+_SELECT_ARGS = {
+    "expressions",
+    "distinct",
+    "from_",
+    "joins",
+    "where",
+    "group",
+    "having",
+    "order",
+    "limit",
+    "offset",
+    "kind",
+}
 _SETOP_ARGS = {"this", "expression", "distinct", "order", "limit", "offset"}
 _PLACEHOLDER = re.compile(r"__s(\d+)__")
 
@@ -57,7 +70,9 @@ def _swallowable(leaf: exp.Expression) -> bool:
     """Whether the official value scan can run over `leaf` to the next AND unharmed."""
     if not isinstance(leaf, (*_COMPARE, exp.Like)):
         return False
-    return not any(isinstance(n, (exp.Func, exp.Paren, exp.Subquery, exp.Star)) for n in leaf.walk())
+    return not any(
+        isinstance(n, (exp.Func, exp.Paren, exp.Subquery, exp.Star)) for n in leaf.walk()
+    )
 
 
 def _leftmost(node: exp.Expression) -> exp.Expression:
@@ -69,7 +84,9 @@ def _leftmost(node: exp.Expression) -> exp.Expression:
 class _Reader:
     """Turns one sqlglot tree into the official structure for one schema."""
 
-    def __init__(self, index: SchemaIndex, aliases: dict[str, str], values: tuple[str, ...], sql: str):
+    def __init__(
+        self, index: SchemaIndex, aliases: dict[str, str], values: tuple[str, ...], sql: str
+    ):
         self.index = index
         self.aliases = aliases
         self.values = values
@@ -87,7 +104,9 @@ class _Reader:
         parts, ops, order, limit, offset = self._flatten(node)
         if offset is not None and not top:
             self.fail("OFFSET inside a subquery")
-        sqls = [self.select(p, allow_offset=top and i == len(parts) - 1) for i, p in enumerate(parts)]
+        sqls = [
+            self.select(p, allow_offset=top and i == len(parts) - 1) for i, p in enumerate(parts)
+        ]
         last = parts[-1]
         if order is not None:
             if last.args.get("order"):
@@ -150,12 +169,20 @@ class _Reader:
             self.fail("DISTINCT ON")
         table_units, from_conds, tables = self.from_clause(node)
         sql = {
-            "select": (distinct is not None, [self.select_item(e, tables) for e in node.expressions]),
+            "select": (
+                distinct is not None,
+                [self.select_item(e, tables) for e in node.expressions],
+            ),
             "from": {"table_units": table_units, "conds": from_conds},
-            "where": self.condition(node.args["where"].this, tables) if node.args.get("where") else [],
+            "where": self.condition(node.args["where"].this, tables)
+            if node.args.get("where")
+            else [],
             "groupBy": [self.col_unit(e, tables) for e in node.args["group"].expressions]
-            if node.args.get("group") else [],
-            "having": self.condition(node.args["having"].this, tables) if node.args.get("having") else [],
+            if node.args.get("group")
+            else [],
+            "having": self.condition(node.args["having"].this, tables)
+            if node.args.get("having")
+            else [],
             "orderBy": self.order_by(node.args["order"], tables) if node.args.get("order") else [],
             "limit": self.limit(node.args["limit"]) if node.args.get("limit") else None,
             "intersect": None,
@@ -168,7 +195,11 @@ class _Reader:
 
     # ---- FROM ----------------------------------------------------------------------------
     def _table_name(self, node: exp.Table) -> str:
-        if node.args.get("db") or node.args.get("catalog") or not isinstance(node.this, exp.Identifier):
+        if (
+            node.args.get("db")
+            or node.args.get("catalog")
+            or not isinstance(node.this, exp.Identifier)
+        ):
             self.fail("qualified or computed table name")
         name = self.aliases.get(node.name.lower())
         if name is None or not self.index.has_table(name):
@@ -256,8 +287,11 @@ class _Reader:
         if isinstance(node, exp.Paren):
             return self.val_unit(node.this, tables)
         if type(node) in _ARITH:
-            return (_ARITH[type(node)], self.col_unit(node.this, tables),
-                    self.col_unit(node.expression, tables))
+            return (
+                _ARITH[type(node)],
+                self.col_unit(node.this, tables),
+                self.col_unit(node.expression, tables),
+            )
         return 0, self.col_unit(node, tables), None
 
     def col_unit(self, node: exp.Expression, tables: list[str]) -> tuple:
@@ -282,7 +316,11 @@ class _Reader:
         self.fail(f"expected a column, got {node.sql()!r}")
 
     def column(self, node: exp.Column, tables: list[str]) -> str:
-        if not isinstance(node.this, exp.Identifier) or node.args.get("db") or node.args.get("catalog"):
+        if (
+            not isinstance(node.this, exp.Identifier)
+            or node.args.get("db")
+            or node.args.get("catalog")
+        ):
             self.fail(f"unsupported column {node.sql()!r}")
         name = node.name.lower()
         if node.table:
@@ -340,16 +378,22 @@ class _Reader:
         if isinstance(node, exp.In):
             if node.args.get("query") is not None:
                 val, _ = self.value(node.args["query"], tables)
-            elif len(node.expressions) == 1 and isinstance(node.expressions[0], (exp.Literal, exp.Neg)):
+            elif len(node.expressions) == 1 and isinstance(
+                node.expressions[0], (exp.Literal, exp.Neg)
+            ):
                 val, _ = self.value(node.expressions[0], tables)
             else:
                 self.fail("IN with a list")
-            extra = [k for k, v in node.args.items() if v and k not in ("this", "query", "expressions")]
+            extra = [
+                k for k, v in node.args.items() if v and k not in ("this", "query", "expressions")
+            ]
             if extra:
                 self.fail("unsupported IN")
             return (not_op, 8, self.val_unit(node.this, tables), val, None), False
         if isinstance(node, exp.Like) or type(node) in _COMPARE:
-            extra = [k for k, v in node.args.items() if v and k not in ("this", "expression", "negate")]
+            extra = [
+                k for k, v in node.args.items() if v and k not in ("this", "expression", "negate")
+            ]
             if extra:
                 self.fail("unsupported comparison")
             op = 9 if isinstance(node, exp.Like) else _COMPARE[type(node)]
@@ -368,7 +412,11 @@ class _Reader:
                     self.fail("unexpected string literal")
                 return self.values[int(m.group(1))], False
             return float(node.this), False
-        if isinstance(node, exp.Neg) and isinstance(node.this, exp.Literal) and not node.this.is_string:
+        if (
+            isinstance(node, exp.Neg)
+            and isinstance(node.this, exp.Literal)
+            and not node.this.is_string
+        ):
             return -float(node.this.this), False
         lead = _leftmost(node)
         if isinstance(lead, exp.Column) or type(lead) in _AGG:
@@ -401,5 +449,12 @@ def parse_sql(sql: str, schema: dict) -> dict:
         return _parse_cached(sql, index)
     except SpiderParseError:
         raise
-    except (sqlglot.errors.SqlglotError, RecursionError, KeyError, IndexError, AttributeError, TypeError) as err:
+    except (
+        sqlglot.errors.SqlglotError,
+        RecursionError,
+        KeyError,
+        IndexError,
+        AttributeError,
+        TypeError,
+    ) as err:
         raise SpiderParseError(f"cannot read {sql!r}: {type(err).__name__}: {err}") from None

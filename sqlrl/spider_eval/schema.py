@@ -5,6 +5,7 @@ a table `__table__` and `*` `__all__`; its foreign-key map sends every column of
 foreign-key group to one representative. Building this per query would dominate
 scoring time, so indexes are cached per db_id.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -52,7 +53,7 @@ class SchemaIndex:
     def valid_columns(self, table_ids: list[str]) -> frozenset[str]:
         """Columns of the FROM tables: only these are eligible for foreign-key folding."""
         names = {tid[2:-2] for tid in table_ids}
-        return frozenset(cid for cid in self.column_ids if cid[2:cid.index(".")] in names)
+        return frozenset(cid for cid in self.column_ids if cid[2 : cid.index(".")] in names)
 
 
 def _foreign_key_map(entry: dict, col_ids: list[str]) -> dict[str, str]:

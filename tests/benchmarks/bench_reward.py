@@ -12,6 +12,7 @@ state of a training run, for further batches of new prompts (median). The proces
 thread pool and in-process judging are compared. Then all 1034 dev gold queries are scored
 against themselves.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,12 +44,18 @@ def perturb(sql: str, rng: random.Random) -> str:
     """A plausible wrong answer: one small edit of the gold query."""
     edits = []
     if re.search(r"\bLIMIT\s+\d+", sql, re.I):
-        edits.append(lambda s: re.sub(r"\bLIMIT\s+(\d+)", lambda m: f"LIMIT {int(m[1]) + 1}",
-                                      s, flags=re.I))
+        edits.append(
+            lambda s: re.sub(r"\bLIMIT\s+(\d+)", lambda m: f"LIMIT {int(m[1]) + 1}", s, flags=re.I)
+        )
     if re.search(r"\b(DESC|ASC)\b", sql, re.I):
-        edits.append(lambda s: re.sub(r"\b(DESC|ASC)\b",
-                                      lambda m: "ASC" if m[1].upper() == "DESC" else "DESC",
-                                      s, flags=re.I))
+        edits.append(
+            lambda s: re.sub(
+                r"\b(DESC|ASC)\b",
+                lambda m: "ASC" if m[1].upper() == "DESC" else "DESC",
+                s,
+                flags=re.I,
+            )
+        )
     if re.search(r"\b\d+\b", sql):
         edits.append(lambda s: re.sub(r"\b(\d+)\b", lambda m: str(int(m[1]) + 7), s, count=1))
     if re.search(r"\bWHERE\b", sql, re.I):
@@ -59,13 +66,15 @@ def perturb(sql: str, rng: random.Random) -> str:
 
 def broken(sql: str, rng: random.Random) -> str:
     """Something that does not run."""
-    return rng.choice([
-        lambda: sql.replace("SELECT", "SELEC", 1),
-        lambda: sql[: max(6, len(sql) // 2)],
-        lambda: re.sub(r"(?i)^SELECT\s+", "SELECT no_such_column , ", sql),
-        lambda: "I am not sure which table holds this information.",
-        lambda: "",
-    ])()
+    return rng.choice(
+        [
+            lambda: sql.replace("SELECT", "SELEC", 1),
+            lambda: sql[: max(6, len(sql) // 2)],
+            lambda: re.sub(r"(?i)^SELECT\s+", "SELECT no_such_column , ", sql),
+            lambda: "I am not sure which table holds this information.",
+            lambda: "",
+        ]
+    )()
 
 
 def completions_for(sql: str, samples: int, rng: random.Random) -> list[str]:
@@ -95,11 +104,11 @@ def make_batch(examples: list[dict], samples: int, rng: random.Random):
 def straightforward_reward(completions, db_path, gold_sql, timeout_s: float = 5.0):
     """The baseline: connect per call, run gold and prediction every time, one by one."""
     scores = []
-    for text, path, gold in zip(completions, db_path, gold_sql):
+    for text, path, gold in zip(completions, db_path, gold_sql, strict=False):
         sql = extract_sql(text)
         conn = sqlite3.connect(f"file:{resolve(path)}?mode=ro", uri=True)
         deadline = time.monotonic() + timeout_s
-        conn.set_progress_handler(lambda: time.monotonic() > deadline, 1000)
+        conn.set_progress_handler(lambda d=deadline: time.monotonic() > d, 1000)
         try:
             gold_rows = conn.execute(normalize_sql(gold)).fetchall()
             cursor = conn.execute(normalize_sql(sql))
@@ -130,28 +139,38 @@ def main() -> None:
     args = parser.parse_args()
 
     rng = random.Random(args.seed)
-    train = [ex for ex in json.loads((SPIDER_DIR / "train_spider.json").read_text())
-             if db_path(ex["db_id"]).is_file()]
+    train = [
+        ex
+        for ex in json.loads((SPIDER_DIR / "train_spider.json").read_text())
+        if db_path(ex["db_id"]).is_file()
+    ]
     rng.shuffle(train)
-    batches = [make_batch(train[k * args.prompts:(k + 1) * args.prompts], args.samples, rng)
-               for k in range(1 + args.repeats)]
+    batches = [
+        make_batch(train[k * args.prompts : (k + 1) * args.prompts], args.samples, rng)
+        for k in range(1 + args.repeats)
+    ]
     first = batches[0]
-    print(f"batch: {args.prompts} prompts x {args.samples} samples = {len(first[0])} completions, "
-          f"{len(set(zip(first[1], first[2], map(extract_sql, first[0]))))} distinct items; "
-          f"workers={args.workers}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
+    print(
+        f"batch: {args.prompts} prompts x {args.samples} samples = {len(first[0])} completions, "
+        f"{len(set(zip(first[1], first[2], map(extract_sql, first[0]), strict=False)))} distinct items; "
+        f"workers={args.workers}; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
+    )
 
     variants = {
         "process pool": make_execution_reward(ExecLimits(timeout_s=5.0), workers=args.workers),
-        "thread pool": make_execution_reward(ExecLimits(timeout_s=5.0), workers=args.workers,
-                                             backend="thread"),
+        "thread pool": make_execution_reward(
+            ExecLimits(timeout_s=5.0), workers=args.workers, backend="thread"
+        ),
         "in-process": make_execution_reward(ExecLimits(timeout_s=5.0), workers=1),
     }
     baseline, base_s = timed(straightforward_reward, *first)
     for name, reward in variants.items():
         scores, seconds = timed(reward, first[0], db_path=first[1], gold_sql=first[2])
         assert scores == baseline, f"{name} and the straightforward reward disagree"
-        print(f"first batch, {name:12s}: {seconds:.3f} s vs {base_s:.3f} s straightforward "
-              f"-> {base_s / seconds:.1f}x (includes starting workers)")
+        print(
+            f"first batch, {name:12s}: {seconds:.3f} s vs {base_s:.3f} s straightforward "
+            f"-> {base_s / seconds:.1f}x (includes starting workers)"
+        )
     # Steady state of a training run: new prompts every step, workers already running.
     ratios: dict[str, list[float]] = {name: [] for name in variants}
     for batch in batches[1:]:
@@ -160,21 +179,33 @@ def main() -> None:
             scores, seconds = timed(reward, batch[0], db_path=batch[1], gold_sql=batch[2])
             assert scores == baseline, f"{name} and the straightforward reward disagree"
             ratios[name].append(base_s / seconds)
-        print(f"next batch: straightforward {base_s:.3f} s, mean reward "
-              f"{sum(baseline) / len(baseline):.3f}")
+        print(
+            f"next batch: straightforward {base_s:.3f} s, mean reward "
+            f"{sum(baseline) / len(baseline):.3f}"
+        )
     for name, values in ratios.items():
-        print(f"steady state, {name:12s}: median {statistics.median(values):.1f}x faster "
-              f"(per batch: {', '.join(f'{v:.1f}' for v in values)})")
+        print(
+            f"steady state, {name:12s}: median {statistics.median(values):.1f}x faster "
+            f"(per batch: {', '.join(f'{v:.1f}' for v in values)})"
+        )
     for reward in variants.values():
         reward.pool.close()
 
     gold = read_gold(SPIDER_DIR / "dev_gold.sql")
-    report, dev_s = timed(score_predictions, gold, [sql for sql, _ in gold],
-                          SPIDER_DIR / "database", SPIDER_DIR / "tables.json",
-                          workers=args.workers, progress=False)
-    print(f"dev gold vs gold, {len(gold)} items (EX, EM, hardness; pool start included): "
-          f"{dev_s:.2f} s; ex={report['ex']} em={report['em']} n={report['n']} "
-          f"skipped={report['skipped']}")
+    report, dev_s = timed(
+        score_predictions,
+        gold,
+        [sql for sql, _ in gold],
+        SPIDER_DIR / "database",
+        SPIDER_DIR / "tables.json",
+        workers=args.workers,
+        progress=False,
+    )
+    print(
+        f"dev gold vs gold, {len(gold)} items (EX, EM, hardness; pool start included): "
+        f"{dev_s:.2f} s; ex={report['ex']} em={report['em']} n={report['n']} "
+        f"skipped={report['skipped']}"
+    )
 
 
 if __name__ == "__main__":

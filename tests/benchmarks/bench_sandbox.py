@@ -8,6 +8,7 @@ the query, how far it ran past the limit, and the process's peak RSS growth. The
 bound (sqlrl/executor.py) is the limit plus a fraction of a second and 256 MB per query.
 Run it by hand: it takes about a minute, mostly waiting out the limit.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,11 +64,13 @@ def _filled(head: str, template: str, tail: str = " FROM s") -> str:
 # them compare t at every offset (1,000 characters: the pattern limit); n, a needle that
 # memcmp compares in full at every offset; c, a trim set whose last character is t's (801:
 # SQLite's trim allocates 12 bytes a character of it, under the length limit).
-LONG = ("WITH s(t, p, g, n, c) AS (SELECT replace(hex(zeroblob(2500)), '0', 'a') || "
-        "substr(Name, 1, 0), '%' || replace(hex(zeroblob(499)), '0', 'a') || 'b', "
-        "'*' || replace(hex(zeroblob(499)), '0', 'a') || 'b', "
-        "replace(hex(zeroblob(500)), '0', 'a') || 'b', "
-        "replace(hex(zeroblob(400)), '0', 'b') || 'a' FROM singer LIMIT 1) ")
+LONG = (
+    "WITH s(t, p, g, n, c) AS (SELECT replace(hex(zeroblob(2500)), '0', 'a') || "
+    "substr(Name, 1, 0), '%' || replace(hex(zeroblob(499)), '0', 'a') || 'b', "
+    "'*' || replace(hex(zeroblob(499)), '0', 'a') || 'b', "
+    "replace(hex(zeroblob(500)), '0', 'a') || 'b', "
+    "replace(hex(zeroblob(400)), '0', 'b') || 'a' FROM singer LIMIT 1) "
+)
 ADVERSARIAL = {
     # the issue's examples, one call and many in one row
     "like x1": LONG + "SELECT t LIKE p FROM s",
@@ -75,41 +78,51 @@ ADVERSARIAL = {
     "glob, many in one row": _filled(LONG + "SELECT ", "t GLOB g"),
     "like escape, many": _filled(LONG + "SELECT ", "t LIKE p ESCAPE '!'"),
     "like in where, cartesian": LONG + "SELECT count(*) FROM s, singer a, singer b, singer c "
-                                "WHERE t || a.Name LIKE p OR t || b.Name GLOB g",
+    "WHERE t || a.Name LIKE p OR t || b.Name GLOB g",
     "like flattened 100x100": LONG + ", f AS (SELECT " + _many("t LIKE p", 100) + " AS c FROM s)"
-                              " SELECT " + _many("c", 100) + " FROM f",
+    " SELECT " + _many("c", 100) + " FROM f",
     "like flattened 20x100": LONG + ", f AS (SELECT " + _many("t LIKE p", 20) + " AS c FROM s)"
-                             " SELECT " + _many("c", 100) + " FROM f",
-    "instr flattened 20x100": LONG + ", f AS (SELECT " + _many("instr(t, n)", 20)
-                              + " AS c FROM s) SELECT " + _many("c", 100) + " FROM f",
+    " SELECT " + _many("c", 100) + " FROM f",
+    "instr flattened 20x100": LONG
+    + ", f AS (SELECT "
+    + _many("instr(t, n)", 20)
+    + " AS c FROM s) SELECT "
+    + _many("c", 100)
+    + " FROM f",
     "printf %.*c 2**31": "SELECT printf('%.*c', 2147483647, 'x')",
     "printf %.*c negative": "SELECT printf('%.*c', -2147483647, 'x')",
     "printf literal precision": "SELECT printf('%5.2147483647c', 'x')",
     "format %.*c, many": _filled("SELECT ", "length(format('%d%.*c', {i}, 2147483647, 'x'))", ""),
     "printf %.*f 2**31": "SELECT printf('%.*f', 2147483647, 1.5)",
-    "mixed built-ins, many": _filled(LONG + "SELECT ", "max(t LIKE p, instr(t, n), "
-                                     "length(replace(t, n, 1)), length(trim(t, c)), "
-                                     "printf('%.*c', 2147483647, t), t GLOB g)"),
+    "mixed built-ins, many": _filled(
+        LONG + "SELECT ",
+        "max(t LIKE p, instr(t, n), "
+        "length(replace(t, n, 1)), length(trim(t, c)), "
+        "printf('%.*c', 2147483647, t), t GLOB g)",
+    ),
     "trim, many": _filled(LONG + "SELECT ", "length(rtrim(t, c || {i}))"),
     "instr, many": _filled(LONG + "SELECT ", "instr(t || {i}, n)"),
     "replace, many": _filled(LONG + "SELECT ", "length(replace(t, n, {i}))"),
     "json, many": _filled(LONG + "SELECT ", "json_extract('[\"' || t || '\",{i}]', '$[1]')"),
-    "length(upper()), many": _filled(LONG + "SELECT ",
-                                     "length(upper(t || {i})) + unicode(lower(t || {i}))"),
+    "length(upper()), many": _filled(
+        LONG + "SELECT ", "length(upper(t || {i})) + unicode(lower(t || {i}))"
+    ),
     "sort in memory": "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) "
-                      "SELECT i FROM r ORDER BY random() LIMIT 1",
+    "SELECT i FROM r ORDER BY random() LIMIT 1",
     "sort of 2M rows in memory": "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 "
-                                 "FROM r WHERE i < 2000000) SELECT NULL FROM r ORDER BY random()",
+    "FROM r WHERE i < 2000000) SELECT NULL FROM r ORDER BY random()",
     "distinct temp table": "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) "
-                           "SELECT count(DISTINCT hex(randomblob(64)) || i) FROM r",
+    "SELECT count(DISTINCT hex(randomblob(64)) || i) FROM r",
     "wide rows": "SELECT " + _calls("z", 2000, ",") + " FROM (SELECT zeroblob(99000) AS z), singer",
-    "wide rows under the caps": "SELECT " + _calls("z", 199, ",")
-                                + " FROM (SELECT zeroblob(9999) AS z)",
+    "wide rows under the caps": "SELECT "
+    + _calls("z", 199, ",")
+    + " FROM (SELECT zeroblob(9999) AS z)",
     "many rows of ints and NULLs": "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 "
-                                   "FROM r WHERE i < 99999) SELECT " + _calls("i, NULL", 90)
-                                   + " FROM r",
-    "60-table join": "SELECT count(*) FROM " + _calls("singer t{i}", 60) + " WHERE "
-                     + _calls("t{i}.singer_id = t0.age", 60, " AND "),
+    "FROM r WHERE i < 99999) SELECT " + _calls("i, NULL", 90) + " FROM r",
+    "60-table join": "SELECT count(*) FROM "
+    + _calls("singer t{i}", 60)
+    + " WHERE "
+    + _calls("t{i}.singer_id = t0.age", 60, " AND "),
 }
 
 CHILD = r"""
@@ -138,15 +151,18 @@ def main() -> None:
     for name, sql in ADVERSARIAL.items():
         if args.only and args.only not in name:
             continue
-        out = subprocess.run([sys.executable, "-c", child], input=sql, capture_output=True,
-                             text=True, timeout=600)
+        out = subprocess.run(
+            [sys.executable, "-c", child], input=sql, capture_output=True, text=True, timeout=600
+        )
         if out.returncode:
             print(f"{name:30} crashed: {out.stderr.strip()[-200:]}")
             continue
         status, reason, wall, peak = json.loads(out.stdout)
         worst = max(worst, wall)
-        print(f"{name:30} {status:8} {wall:7.2f} {max(0.0, wall - args.timeout):7.2f} "
-              f"{peak:8.0f}  {reason}")
+        print(
+            f"{name:30} {status:8} {wall:7.2f} {max(0.0, wall - args.timeout):7.2f} "
+            f"{peak:8.0f}  {reason}"
+        )
     print(f"worst wall time {worst:.2f} s with a {args.timeout:g} s limit")
 
 

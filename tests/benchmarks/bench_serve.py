@@ -14,6 +14,7 @@ built like the base stage (tokenizer trained on data/prepared/sft.jsonl, seeded 
 in a temporary folder. Random weights rarely emit an end token, so every answer runs to
 max_new_tokens: a worst case for latency.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -86,6 +87,7 @@ async def load(base: str, bodies: list[dict], concurrency: int, timeout: float):
     statuses: list[int] = []
 
     async with httpx.AsyncClient(base_url=base, timeout=timeout) as http:
+
         async def one(body):
             async with sem:
                 t0 = time.perf_counter()
@@ -120,15 +122,31 @@ def main() -> int:
     if args.default_profile_model:
         t0 = time.perf_counter()
         model = default_profile_model(Path(tmp.name) / "model")
-        print(f"built a default-profile model in {time.perf_counter() - t0:.1f} s",
-              file=sys.stderr)
+        print(f"built a default-profile model in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
     else:
         model = pick_model(args.model)
     port = free_port()
-    cmd = [sys.executable, "-m", "sqlrl.serve", "--model", str(model), "--host", "127.0.0.1",
-           "--port", str(port), "--backend", args.backend, "--log-level", "warning",
-           "--max-batch-size", str(args.max_batch_size),
-           "--request-timeout-s", str(args.timeout), "--torch-threads", str(args.torch_threads)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sqlrl.serve",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--backend",
+        args.backend,
+        "--log-level",
+        "warning",
+        "--max-batch-size",
+        str(args.max_batch_size),
+        "--request-timeout-s",
+        str(args.timeout),
+        "--torch-threads",
+        str(args.torch_threads),
+    ]
     if args.max_new_tokens:
         cmd += ["--max-new-tokens", str(args.max_new_tokens)]
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
@@ -152,7 +170,8 @@ def main() -> int:
             b["execute"] = args.execute
         httpx.post(base + "/generate", json=bodies[0], timeout=args.timeout)  # warm-up
         latencies, statuses, wall, health = asyncio.run(
-            load(base, bodies[1:], args.concurrency, args.timeout))
+            load(base, bodies[1:], args.concurrency, args.timeout)
+        )
     finally:
         server.terminate()
         try:
@@ -162,15 +181,21 @@ def main() -> int:
         tmp.cleanup()
     ok = sum(1 for s in statuses if s == 200)
     result = {
-        "model": str(model), "backend": health.get("backend"),
+        "model": str(model),
+        "backend": health.get("backend"),
         "default_profile_model": args.default_profile_model,
-        "requests": len(statuses), "ok": ok, "concurrency": args.concurrency,
-        "execute": args.execute, "max_new_tokens": args.max_new_tokens or "server default",
-        "wall_s": round(wall, 2), "requests_per_s": round(len(statuses) / wall, 3),
+        "requests": len(statuses),
+        "ok": ok,
+        "concurrency": args.concurrency,
+        "execute": args.execute,
+        "max_new_tokens": args.max_new_tokens or "server default",
+        "wall_s": round(wall, 2),
+        "requests_per_s": round(len(statuses) / wall, 3),
         "latency_p50_s": round(statistics.median(latencies), 3),
         "latency_p95_s": round(percentile(latencies, 0.95), 3),
         "latency_max_s": round(max(latencies), 3),
-        "batching": health.get("batching"), "cpu_count": os.cpu_count(),
+        "batching": health.get("batching"),
+        "cpu_count": os.cpu_count(),
     }
     print(json.dumps(result, indent=2))
     return 0 if ok == len(statuses) else 1

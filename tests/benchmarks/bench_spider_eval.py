@@ -5,6 +5,7 @@
 Evaluation scores EM on every prediction; this times the parse + compare of all 1034 dev
 pairs from a cold parse cache (a few seconds on a 2-core CPU when this was written).
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,9 @@ def main() -> None:
     schemas = {t["db_id"]: t for t in json.loads((spider / "tables.json").read_text())}
     parse_module._parse_cached.cache_clear()
     start = time.perf_counter()
-    matched = sum(bool(exact_match(ex["query"], ex["query"].lower(), schemas[ex["db_id"]]))
-                  for ex in dev)
+    matched = sum(
+        bool(exact_match(ex["query"], ex["query"].lower(), schemas[ex["db_id"]])) for ex in dev
+    )
     elapsed = time.perf_counter() - start
     print(f"{len(dev)} gold/prediction pairs scored in {elapsed:.2f} s ({matched} exact matches)")
 

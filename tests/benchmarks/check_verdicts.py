@@ -9,6 +9,7 @@ before schema repair), each run by sqlrl.executor with the evaluation time limit
 prints how many verdicts (status, rows, columns, error text) are identical, and each that is
 not. `save` also prints the largest VDBE program and result width among them.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,19 +64,24 @@ def main() -> None:
     executor = SQLExecutor(ExecLimits(timeout_s=10.0))
     start = time.monotonic()
     verdicts = [executor.execute(db, sql) for db, sql in items]
-    statuses = {s: sum(v.status == s for v in verdicts) for s in ("ok", "error", "timeout",
-                                                                  "skipped")}
+    statuses = {
+        s: sum(v.status == s for v in verdicts) for s in ("ok", "error", "timeout", "skipped")
+    }
     print(f"{len(items)} queries in {time.monotonic() - start:.1f} s: {statuses}")
     if mode == "save":
         path.write_bytes(pickle.dumps(verdicts))
         print("largest program %d VDBE ops, widest result %d columns" % program_sizes(items))
         return
     before = pickle.loads(path.read_bytes())
-    print(f"identical {sum(a == b for a, b in zip(before, verdicts))}/{len(verdicts)}")
-    for (db, sql), old, new in zip(items, before, verdicts):
+    print(
+        f"identical {sum(a == b for a, b in zip(before, verdicts, strict=False))}/{len(verdicts)}"
+    )
+    for (db, sql), old, new in zip(items, before, verdicts, strict=False):
         if old != new:
-            print(f"DIFF {db.stem}: {sql[:100]!r} {old.status} {old.error[:60]!r} -> "
-                  f"{new.status} {new.error[:60]!r}")
+            print(
+                f"DIFF {db.stem}: {sql[:100]!r} {old.status} {old.error[:60]!r} -> "
+                f"{new.status} {new.error[:60]!r}"
+            )
 
 
 if __name__ == "__main__":
