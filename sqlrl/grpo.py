@@ -382,8 +382,10 @@ def train_grpo(
     from transformers import set_seed
     from trl import GRPOTrainer
 
+    from sqlrl.launch import is_main_process, wait_for_everyone
     from sqlrl.modeling import load_model_and_tokenizer
 
+    writer = is_main_process()  # the one process that deletes, writes and renames outputs
     threads = set_torch_threads(torch_threads)
     set_seed(seed)
     timer = StepTimer()
@@ -391,12 +393,15 @@ def train_grpo(
     dataset = Dataset.from_list(rows)
     fingerprint = run_fingerprint(params, seed, sft_dir, rows)
     resume_from = checkpoint_to_resume(checkpoint_dir, fingerprint) if params.resume else None
-    if resume_from is None:
-        shutil.rmtree(checkpoint_dir, ignore_errors=True)
-    Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
-    (Path(checkpoint_dir) / FINGERPRINT_FILE).write_text(json.dumps({"fingerprint": fingerprint}))
+    if writer:
+        if resume_from is None:
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)
+        Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        fingerprint_file = Path(checkpoint_dir) / FINGERPRINT_FILE
+        fingerprint_file.write_text(json.dumps({"fingerprint": fingerprint}))
+    wait_for_everyone()
     live, callbacks = None, [trainer_progress("grpo")]
-    if dvclive_dir:  # optional: the GPU rehearsal runs where dvclive is not installed
+    if dvclive_dir and writer:  # optional: the GPU rehearsal runs where dvclive is not installed
         from transformers.integrations import DVCLiveCallback
 
         from dvclive import Live
@@ -425,11 +430,15 @@ def train_grpo(
     wall = time.perf_counter() - start
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    trainer.save_model(str(tmp))
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
+    if writer:
+        shutil.rmtree(tmp, ignore_errors=True)
+    wait_for_everyone()
+    trainer.save_model(str(tmp))  # every process takes part (sharded models); rank 0 writes
+    if writer:
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        tmp.rename(out_dir)
+    wait_for_everyone()
     if live is not None:
         live.end()
     metrics = summarize_log(trainer.state.log_history, timer, trainer.state.global_step, wall)

@@ -246,10 +246,25 @@ class EvalParams:
 
 
 @dataclass(frozen=True)
+class LaunchParams:
+    """How many training processes sft and grpo run in (stages/launch.py)."""
+
+    num_processes: int  # per machine: GPUs, or CPU processes (gloo); batch sizes are per process
+    config: str  # an accelerate config file (conf/accelerate/); "" = data-parallel defaults
+
+    def __post_init__(self):
+        if self.num_processes < 1:
+            raise ParamsError(f"launch.num_processes must be >= 1, got {self.num_processes}")
+        if self.config and not (REPO_ROOT / self.config).is_file():
+            raise ParamsError(f"launch.config: no file {self.config!r} (see conf/accelerate/)")
+
+
+@dataclass(frozen=True)
 class Params:
     seed: int
     profile: str
     torch_threads: int  # CPU threads for torch in every stage; 0 = the usable cores
+    launch: LaunchParams
     prepare: PrepareParams
     base: BaseParams
     sft: SftParams

@@ -44,10 +44,13 @@ def stage_lock(name: str, lock_dir: Path = LOCK_DIR):
 
 def run_stage(name: str, main: Callable[..., int], *args) -> int:
     """main(*args) under the stage's lock; a known error is printed as `name: message`."""
-    from sqlrl.errors import PipelineError
+    from contextlib import nullcontext
 
-    try:
-        with stage_lock(name):
+    from sqlrl.errors import PipelineError
+    from sqlrl.launch import launched
+
+    try:  # a launched rank: stages.launch holds the lock for all of them
+        with nullcontext() if launched() else stage_lock(name):
             return main(*args)
     except (StageBusyError, PipelineError) as exc:
         print(f"{name}: {exc}", file=sys.stderr)
