@@ -25,6 +25,7 @@ CONF_DIR = REPO_ROOT / "conf"
 SCHEMA_FORMATS = ("compact", "ddl")
 DTYPES = ("float32", "bfloat16", "float16")
 TOKENIZERS = ("trained", "qwen2.5")
+VLLM_MODES = ("colocate", "server")
 
 
 class ParamsError(PipelineError, ValueError):
@@ -198,6 +199,9 @@ class GrpoParams:
     lora: LoraParams
     use_vllm: bool
     vllm_mode: str  # colocate | server
+    vllm_server_host: str  # server mode: the host `trl vllm-serve` listens on
+    vllm_server_port: int  # server mode: its port
+    vllm_server_timeout_s: float  # server mode: how long to wait for it at start
     bf16: bool | str  # true | false | auto (sqlrl/hardware.py: bf16 where it is fast)
     gradient_checkpointing: bool
     logging_steps: int
@@ -218,6 +222,23 @@ class GrpoParams:
         if not 0.0 <= self.executable_credit < 1.0:
             raise ParamsError(
                 f"grpo.executable_credit must be in [0, 1), got {self.executable_credit}"
+            )
+        self._check_vllm_server()
+
+    def _check_vllm_server(self) -> None:
+        """Checked in every mode, when params load: a bad port fails the first stage that
+        reads params, not GRPO after hours of SFT."""
+        if self.vllm_mode not in VLLM_MODES:
+            raise ParamsError(f"grpo.vllm_mode must be one of {VLLM_MODES}, got {self.vllm_mode!r}")
+        if not self.vllm_server_host.strip():
+            raise ParamsError("grpo.vllm_server_host must not be empty")
+        if not 1 <= self.vllm_server_port <= 65535:
+            raise ParamsError(
+                f"grpo.vllm_server_port must be in [1, 65535], got {self.vllm_server_port}"
+            )
+        if self.vllm_server_timeout_s < 0:
+            raise ParamsError(
+                f"grpo.vllm_server_timeout_s must be >= 0, got {self.vllm_server_timeout_s}"
             )
 
     def prompts_per_step(self, world_size: int = 1) -> int:
