@@ -11,16 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from sqlrl.hardware import usable_cores
 from sqlrl.params import LaunchParams
-
-# set by torchrun / accelerate launch in every rank
-_RANK_VARIABLES = ("LOCAL_RANK", "RANK", "WORLD_SIZE")
-
-
-def launched() -> bool:
-    """This process is one rank of a launched group (the launcher holds the stage lock)."""
-    return any(name in os.environ for name in _RANK_VARIABLES)
 
 
 def world_size() -> int:
@@ -57,6 +48,8 @@ def accelerate_command(params: LaunchParams, module: str, cuda: bool) -> list[st
             cmd += ["--multi_gpu"]  # torchrun; a CPU rank joins gloo (use_cpu in the configs)
     cmd += ["--num_processes", str(params.num_processes)]
     if not cuda:  # the ranks share the cores (sqlrl.hardware sizes torch threads the same way)
+        from sqlrl.hardware import usable_cores
+
         threads = max(1, usable_cores() // params.num_processes)
         cmd += ["--num_cpu_threads_per_process", str(threads)]
     return [*cmd, "-m", module]

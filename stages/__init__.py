@@ -47,10 +47,10 @@ def run_stage(name: str, main: Callable[..., int], *args) -> int:
     from contextlib import nullcontext
 
     from sqlrl.errors import PipelineError
-    from sqlrl.launch import launched
 
-    try:  # a launched rank: stages.launch holds the lock for all of them
-        with nullcontext() if launched() else stage_lock(name):
+    launched = "LOCAL_RANK" in os.environ  # a rank under accelerate launch / torchrun
+    try:  # stages.launch holds the lock for all the ranks it started
+        with nullcontext() if launched else stage_lock(name):
             return main(*args)
     except (StageBusyError, PipelineError) as exc:
         print(f"{name}: {exc}", file=sys.stderr)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from sqlrl.launch import accelerate_command, is_main_process, launched, world_size
+from sqlrl.launch import accelerate_command, is_main_process, world_size
 from sqlrl.params import LaunchParams, ParamsError
 
 RANK_VARIABLES = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
@@ -35,7 +35,7 @@ def test_one_process_without_a_config_runs_in_this_process():
 
 
 def test_two_processes_go_through_accelerate_launch_data_parallel(monkeypatch):
-    monkeypatch.setattr("sqlrl.launch.usable_cores", lambda: 8)
+    monkeypatch.setattr("sqlrl.hardware.usable_cores", lambda: 8)
     cmd = accelerate_command(LaunchParams(2, ""), "stages.grpo", cuda=False)
     assert cmd[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
     assert cmd[-2:] == ["-m", "stages.grpo"]
@@ -61,9 +61,9 @@ def test_bad_launch_params_are_refused(num_processes, config, match):
 
 
 def test_rank_zero_alone_writes(single):
-    assert not launched() and is_main_process() and world_size() == 1
+    assert is_main_process() and world_size() == 1
     _rank(single, 1, 2)
-    assert launched() and not is_main_process() and world_size() == 2
+    assert not is_main_process() and world_size() == 2
     _rank(single, 0, 2)
     assert is_main_process()
 
