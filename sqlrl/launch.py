@@ -29,9 +29,11 @@ def is_main_process() -> bool:
 def wait_for_everyone() -> None:
     """A barrier across the ranks (nothing to wait for in one process)."""
     if world_size() > 1:
+        import torch
         from accelerate import PartialState
 
-        PartialState().wait_for_everyone()
+        # the state the Trainer will share: without cpu=True a CPU rank would see one process
+        PartialState(cpu=not torch.cuda.is_available()).wait_for_everyone()
 
 
 def accelerate_command(params: LaunchParams, module: str, cuda: bool) -> list[str] | None:
