@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import time
@@ -351,7 +350,3 @@ def train_sft(
         "bf16_reason": resolve_bf16(params.bf16)[1],
     }
     return metrics
-
-
-def write_json(path: str | Path, data: dict) -> None:
-    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")
