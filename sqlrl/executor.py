@@ -88,7 +88,6 @@ _READ_PRAGMAS = frozenset(
         "foreign_key_list",
     }
 )
-STATUSES = ("ok", "error", "timeout", "skipped")
 _FETCH_CHUNK = 512
 _CACHE_KIB = 16_384
 # Built-ins one call of which can run long (see the module docstring): name -> arities.
@@ -135,7 +134,7 @@ class ExecLimits:
 class Verdict:
     """The outcome of one query: ok with rows, or error/timeout/skipped with a reason."""
 
-    status: str  # one of STATUSES
+    status: str  # ok | error | timeout | skipped
     rows: tuple | None = None  # tuple of row tuples, only when ok
     columns: tuple | None = None  # column names, only when ok
     error: str = ""

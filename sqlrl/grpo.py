@@ -5,7 +5,8 @@ Prompt selection (what published text-to-SQL RL found useful), before training:
   rewarded as right);
 - optionally keep only prompts the SFT model solves sometimes but not always (pass-rate filter):
   a group whose samples all get the same reward has zero advantage and teaches nothing.
-Rollouts use transformers generation, or vLLM (colocate) where installed and asked for.
+Rollouts use transformers generation, or vLLM where installed and asked for: colocated on the
+training GPUs, or a separate server (grpo.vllm_mode: server, checked before the model loads).
 The adapter is written to a temporary folder and renamed at the end, so an interrupted run
 never leaves an output that looks complete; checkpoints live outside the DVC output so that
 `grpo.resume: true` can continue an interrupted run: only a run of the same params, seed,
@@ -29,6 +30,7 @@ from pathlib import Path
 from sqlrl.hardware import resolve_bf16, set_torch_threads
 from sqlrl.params import GrpoParams
 from sqlrl.progress import trainer_progress
+from sqlrl.vllm_server import require_vllm, wait_for_server
 
 DVCLIVE_DIR = "dvclive/grpo"
 PROMPTS_PATH = "data/grpo_prompts.jsonl"  # the grpo_prompts stage's output
@@ -176,9 +178,12 @@ class StepTimer:
 
 def use_vllm(params: GrpoParams) -> bool:
     """grpo.use_vllm where vLLM is installed; otherwise transformers rollouts, with a warning
-    (TRL would raise an ImportError from deep inside the trainer)."""
+    (TRL would raise an ImportError from deep inside the trainer). Server mode without vLLM
+    is an error instead: a server was started for this run and would sit unused."""
     from sqlrl.generate import vllm_available
 
+    if params.use_vllm and params.vllm_mode == "server":
+        require_vllm(params.vllm_server_host, params.vllm_server_port)
     if params.use_vllm and not vllm_available():
         print(
             "grpo: grpo.use_vllm is set but vLLM is not installed (pip install -r "
@@ -213,6 +218,9 @@ def grpo_config(params: GrpoParams, seed: int, output_dir: str, max_steps: int |
         reward_weights=[params.reward_weights.execution, params.reward_weights.syntax],
         use_vllm=use_vllm(params),
         vllm_mode=params.vllm_mode,
+        vllm_server_host=params.vllm_server_host,
+        vllm_server_port=params.vllm_server_port,
+        vllm_server_timeout=params.vllm_server_timeout_s,
         bf16=resolve_bf16(params.bf16)[0],
         gradient_checkpointing=params.gradient_checkpointing,
         logging_steps=params.logging_steps,
@@ -224,6 +232,24 @@ def grpo_config(params: GrpoParams, seed: int, output_dir: str, max_steps: int |
         use_cpu=not _cuda(),
         dataloader_num_workers=0,
     )
+
+
+def check_vllm_server(params: GrpoParams) -> int | None:
+    """Server mode: vLLM installed here and the server up, before minutes go into loading the
+    model (TRL would only find out in the trainer's constructor). Its world size, or None when
+    rollouts do not use a server."""
+    if not (params.use_vllm and params.vllm_mode == "server"):
+        return None
+    require_vllm(params.vllm_server_host, params.vllm_server_port)
+    workers = wait_for_server(
+        params.vllm_server_host, params.vllm_server_port, params.vllm_server_timeout_s
+    )
+    print(
+        f"grpo: vLLM server at {params.vllm_server_host}:{params.vllm_server_port} is up "
+        f"({workers} worker(s))",
+        file=sys.stderr,
+    )
+    return workers
 
 
 def score_completions_only_on_cpu() -> bool:
@@ -289,12 +315,20 @@ def lora_config(params: GrpoParams):
 
 
 FINGERPRINT_FILE = "sqlrl_run.json"
-_NOT_FINGERPRINTED = ("resume", "save_steps", "logging_steps")  # they do not change the result
+# they do not change the result: resuming, checkpoint and log intervals, the vLLM server's address
+_NOT_FINGERPRINTED = (
+    "resume",
+    "save_steps",
+    "logging_steps",
+    "vllm_server_host",
+    "vllm_server_port",
+    "vllm_server_timeout_s",
+)
 
 
 def run_fingerprint(params: GrpoParams, seed: int, sft_dir: str | Path, rows: list[dict]) -> str:
     """A hash of what a GRPO run computes from: its params (not resume, save or logging
-    settings), seed, prompts and the SFT model's files."""
+    settings, nor where the vLLM server listens), seed, prompts and the SFT model's files."""
     settings = {k: v for k, v in dataclasses.asdict(params).items() if k not in _NOT_FINGERPRINTED}
     digest = hashlib.sha256(
         json.dumps(
@@ -382,8 +416,11 @@ def train_grpo(
     from transformers import set_seed
     from trl import GRPOTrainer
 
+    from sqlrl.launch import is_main_process, wait_for_everyone
     from sqlrl.modeling import load_model_and_tokenizer
 
+    check_vllm_server(params)
+    writer = is_main_process()  # the one process that deletes, writes and renames outputs
     threads = set_torch_threads(torch_threads)
     set_seed(seed)
     timer = StepTimer()
@@ -391,12 +428,15 @@ def train_grpo(
     dataset = Dataset.from_list(rows)
     fingerprint = run_fingerprint(params, seed, sft_dir, rows)
     resume_from = checkpoint_to_resume(checkpoint_dir, fingerprint) if params.resume else None
-    if resume_from is None:
-        shutil.rmtree(checkpoint_dir, ignore_errors=True)
-    Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
-    (Path(checkpoint_dir) / FINGERPRINT_FILE).write_text(json.dumps({"fingerprint": fingerprint}))
+    if writer:
+        if resume_from is None:
+            shutil.rmtree(checkpoint_dir, ignore_errors=True)
+        Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        fingerprint_file = Path(checkpoint_dir) / FINGERPRINT_FILE
+        fingerprint_file.write_text(json.dumps({"fingerprint": fingerprint}))
+    wait_for_everyone()
     live, callbacks = None, [trainer_progress("grpo")]
-    if dvclive_dir:  # optional: the GPU rehearsal runs where dvclive is not installed
+    if dvclive_dir and writer:  # optional: the GPU rehearsal runs where dvclive is not installed
         from transformers.integrations import DVCLiveCallback
 
         from dvclive import Live
@@ -425,11 +465,15 @@ def train_grpo(
     wall = time.perf_counter() - start
     out_dir = Path(out_dir)
     tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    trainer.save_model(str(tmp))
-    tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)
+    if writer:
+        shutil.rmtree(tmp, ignore_errors=True)
+    wait_for_everyone()
+    trainer.save_model(str(tmp))  # every process takes part (sharded models); rank 0 writes
+    if writer:
+        tokenizer.save_pretrained(tmp)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        tmp.rename(out_dir)
+    wait_for_everyone()
     if live is not None:
         live.end()
     metrics = summarize_log(trainer.state.log_history, timer, trainer.state.global_step, wall)

@@ -22,12 +22,26 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+def local_processes() -> int:
+    """Training processes on this machine: LOCAL_WORLD_SIZE under `accelerate launch` or
+    torchrun, else 1. They share the cores, so each sizes its threads and workers by it."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
+
+
+def cores_per_process() -> int:
+    """This process's share of the usable cores (at least one)."""
+    return max(1, usable_cores() // local_processes())
+
+
 def set_torch_threads(requested: int = 0) -> int:
-    """torch's intra-op threads: `requested`, or (0) one per usable core. Runs are identical
-    for a given thread count, not across thread counts."""
+    """torch's intra-op threads: `requested`, or (0) one per core of this process's share.
+    Runs are identical for a given thread count, not across thread counts."""
     import torch
 
-    threads = requested if requested > 0 else usable_cores()
+    threads = requested if requested > 0 else cores_per_process()
     torch.set_num_threads(threads)
     return threads
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 
@@ -20,8 +19,3 @@ def write_metrics(path: str | Path, metrics: dict) -> Path:
 
 def read_metrics(path: str | Path) -> dict:
     return json.loads(Path(path).read_text(encoding="utf-8"))
-
-
-def finite(value: float) -> float | None:
-    """A float for a metrics file: None instead of NaN or inf."""
-    return value if isinstance(value, (int, float)) and math.isfinite(value) else None

@@ -25,6 +25,7 @@ CONF_DIR = REPO_ROOT / "conf"
 SCHEMA_FORMATS = ("compact", "ddl")
 DTYPES = ("float32", "bfloat16", "float16")
 TOKENIZERS = ("trained", "qwen2.5")
+VLLM_MODES = ("colocate", "server")
 
 
 class ParamsError(PipelineError, ValueError):
@@ -198,6 +199,9 @@ class GrpoParams:
     lora: LoraParams
     use_vllm: bool
     vllm_mode: str  # colocate | server
+    vllm_server_host: str  # server mode: the host `trl vllm-serve` listens on
+    vllm_server_port: int  # server mode: its port
+    vllm_server_timeout_s: float  # server mode: how long to wait for it at start
     bf16: bool | str  # true | false | auto (sqlrl/hardware.py: bf16 where it is fast)
     gradient_checkpointing: bool
     logging_steps: int
@@ -218,6 +222,23 @@ class GrpoParams:
         if not 0.0 <= self.executable_credit < 1.0:
             raise ParamsError(
                 f"grpo.executable_credit must be in [0, 1), got {self.executable_credit}"
+            )
+        self._check_vllm_server()
+
+    def _check_vllm_server(self) -> None:
+        """Checked in every mode, when params load: a bad port fails the first stage that
+        reads params, not GRPO after hours of SFT."""
+        if self.vllm_mode not in VLLM_MODES:
+            raise ParamsError(f"grpo.vllm_mode must be one of {VLLM_MODES}, got {self.vllm_mode!r}")
+        if not self.vllm_server_host.strip():
+            raise ParamsError("grpo.vllm_server_host must not be empty")
+        if not 1 <= self.vllm_server_port <= 65535:
+            raise ParamsError(
+                f"grpo.vllm_server_port must be in [1, 65535], got {self.vllm_server_port}"
+            )
+        if self.vllm_server_timeout_s < 0:
+            raise ParamsError(
+                f"grpo.vllm_server_timeout_s must be >= 0, got {self.vllm_server_timeout_s}"
             )
 
     def prompts_per_step(self, world_size: int = 1) -> int:
@@ -246,10 +267,25 @@ class EvalParams:
 
 
 @dataclass(frozen=True)
+class LaunchParams:
+    """How many training processes sft and grpo run in (stages/launch.py)."""
+
+    num_processes: int  # per machine: GPUs, or CPU processes (gloo); batch sizes are per process
+    config: str  # an accelerate config file (conf/accelerate/); "" = data-parallel defaults
+
+    def __post_init__(self):
+        if self.num_processes < 1:
+            raise ParamsError(f"launch.num_processes must be >= 1, got {self.num_processes}")
+        if self.config and not (REPO_ROOT / self.config).is_file():
+            raise ParamsError(f"launch.config: no file {self.config!r} (see conf/accelerate/)")
+
+
+@dataclass(frozen=True)
 class Params:
     seed: int
     profile: str
     torch_threads: int  # CPU threads for torch in every stage; 0 = the usable cores
+    launch: LaunchParams
     prepare: PrepareParams
     base: BaseParams
     sft: SftParams

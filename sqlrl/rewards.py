@@ -140,12 +140,11 @@ def _judge_chunk(chunk: list[Item]) -> list[Judgement]:
 
 
 def default_workers() -> int:
-    """Worker count: the usable cores, at most 8 (SQLite work on Spider is light)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return max(1, min(8, cores))
+    """Worker count: this process's share of the cores (each training process on the machine
+    has its own pool), at most 8 (SQLite work on Spider is light)."""
+    from sqlrl.hardware import cores_per_process
+
+    return max(1, min(8, cores_per_process()))
 
 
 class JudgePool:

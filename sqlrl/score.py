@@ -60,17 +60,13 @@ def score_predictions(
     pool = _pool(limits or ExecLimits(timeout_s=EVAL_TIMEOUT_S), workers, keep_distinct)
     with Progress(len(items), "score", unit="query", enabled=progress) as bar:
         judgements = pool.judge_many(items, progress=bar.update)
-    em_tools = _spider_eval()
     report_items = [
-        _item(i, sql, db_id, pred, judgement, schemas.get(db_id), em_tools)
+        _item(i, sql, db_id, pred, judgement, schemas.get(db_id))
         for i, ((sql, db_id), pred, judgement) in enumerate(
             zip(gold, preds, judgements, strict=False)
         )
     ]
-    report = _summary(report_items)
-    if em_tools is None:
-        report["warnings"] = ["sqlrl.spider_eval is unavailable: em and hardness are null"]
-    return report
+    return _summary(report_items)
 
 
 def _schemas(tables_json) -> dict[str, dict]:
@@ -90,15 +86,6 @@ def _pool(limits: ExecLimits, workers: int | None, keep_distinct: bool) -> Judge
     return _pools[key]
 
 
-def _spider_eval():
-    """(exact_match, hardness) from sqlrl.spider_eval, or None when it cannot be imported."""
-    try:
-        from sqlrl.spider_eval import exact_match, hardness
-    except ImportError:
-        return None
-    return exact_match, hardness
-
-
 def _item(
     index: int,
     gold_sql: str,
@@ -106,14 +93,14 @@ def _item(
     pred: str,
     judgement: Judgement,
     schema: dict | None,
-    em_tools,
 ) -> dict:
     """One line of the report."""
+    from sqlrl.spider_eval import exact_match, hardness
+
     status = judgement.status
     skipped = status == "skipped"
     level = em = None
-    if em_tools is not None and schema is not None:
-        exact_match, hardness = em_tools
+    if schema is not None:
         level = _safely(hardness, gold_sql, schema)
         if not skipped:
             em = int(bool(_safely(exact_match, gold_sql, pred, schema)))

@@ -4,7 +4,8 @@
   or, with `sft.completion_only_loss: false`, the loss on the prompt too: a model trained from
   scratch then also learns to model schemas and questions (measured on the CPU profile: more
   in-domain EX); `sft.prompt_loss_weight` < 1 weighs each prompt token below a completion
-  token. The output layer runs only at the positions that carry a loss.
+  token (its own loss, DDP-safe; the output layer runs only where there is a loss). Otherwise
+  TRL's own loss.
 - LoRA through PEFT (`sft.use_lora`; rank, alpha, dropout, target modules from params), merged
   into the weights with `merge_and_unload`, or full fine-tuning (the CPU profile: LoRA on random
   weights does not learn). Either way the output is a plain model folder.
@@ -16,7 +17,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import tempfile
 import time
@@ -85,44 +85,61 @@ def _throughput_callback():
     return Throughput()
 
 
-def _trainer_class():
+def _weighted_loss_trainer_class():
     import torch
     import torch.nn.functional as F
     from trl import SFTTrainer
 
-    class CompletionLogitsSFTTrainer(SFTTrainer):
-        """SFTTrainer whose loss runs the output layer only at the positions that carry a loss.
+    class PromptWeightedSFTTrainer(SFTTrainer):
+        """SFTTrainer whose loss also trains on the prompt, each prompt token weighing
+        `prompt_loss_weight` against a completion token (labels mark the completion).
 
-        The backbone runs on the whole sequence; the (vocab-sized) output layer only on the
-        positions whose next-token label is not -100. On a CPU this is several times faster
-        than TRL's tiled fused head, and the loss is the same token-mean cross-entropy.
-        With `prompt_loss_weight` set (labels then mark the completion only), the prompt's
-        tokens are trained on too, each weighing that much against a completion token.
+        The model runs through its (possibly DDP-wrapped) forward, so gradients are synced;
+        the vocabulary-sized output layer then runs only at the positions that carry a loss
+        (on a CPU several times faster than TRL's fused head). The weighted sum is divided by
+        the total weight of the optimizer step's batches on every process and scaled by the
+        process count, as Trainer and TRL do with token counts: the same loss and gradients
+        as TRL's for any gradient accumulation and world size (weight 1: tests/test_sft.py).
         """
 
-        prompt_loss_weight: float | None = None
+        def __init__(self, *args, prompt_loss_weight: float, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.prompt_loss_weight = prompt_loss_weight
+            self._logged_accuracy: list[float] = []
+            self._trained_tokens = 0
 
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            mode = "train" if model.training else "eval"
-            base = model.get_base_model() if hasattr(model, "get_base_model") else model
-            backbone = getattr(base, base.base_model_prefix)
-            kwargs = {k: inputs[k] for k in ("attention_mask", "position_ids") if k in inputs}
+        def _weights(self, inputs):
+            """(positions that carry a loss, next-token targets there, their weights, which
+            of them are completion tokens)."""
             labels = inputs["labels"][:, 1:]
             completion = labels != -100
-            weight = self.prompt_loss_weight
-            if weight is None:
-                mask, targets = completion, labels[completion]
-            else:  # every real token: the prompt's from input_ids, weighted
-                real = (
-                    inputs["attention_mask"][:, 1:].bool()
-                    if "attention_mask" in inputs
-                    else torch.ones_like(completion)
-                )
-                mask = real | completion
-                targets = inputs["input_ids"][:, 1:][mask]
-                is_completion = completion[mask]
-            # the backbone is called directly, so the mixed precision accelerate puts around
-            # model.forward must be applied here
+            real = (
+                inputs["attention_mask"][:, 1:].bool()
+                if "attention_mask" in inputs
+                else torch.ones_like(completion)
+            )
+            mask = real | completion
+            is_completion = completion[mask]
+            weights = torch.where(is_completion, 1.0, self.prompt_loss_weight)
+            return mask, inputs["input_ids"][:, 1:][mask], weights, is_completion
+
+        def get_batch_samples(self, epoch_iterator, num_batches, device):
+            """The step's batches, with their total weight on every process as the item count."""
+            batches, num_items = super().get_batch_samples(epoch_iterator, num_batches, device)
+            if num_items is None or not batches:
+                return batches, num_items
+            total = sum(self._weights(batch)[2].sum() for batch in batches).to(device)
+            if self.args.average_tokens_across_devices and self.accelerator.num_processes > 1:
+                total = self.accelerator.gather(total).sum()
+            return batches, total
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            mask, targets, weights, is_completion = self._weights(inputs)
+            kwargs = {k: inputs[k] for k in ("attention_mask", "position_ids") if k in inputs}
+            unwrapped = self.accelerator.unwrap_model(model)
+            if hasattr(unwrapped, "get_base_model"):
+                unwrapped = unwrapped.get_base_model()
+            # autocast around the output layer too: it runs outside the model's forward
             device = inputs["input_ids"].device.type
             autocast = (
                 torch.autocast(device_type=device, dtype=torch.bfloat16)
@@ -130,41 +147,47 @@ def _trainer_class():
                 else self.accelerator.autocast()
             )
             with autocast:
-                hidden = backbone(
-                    input_ids=inputs["input_ids"], use_cache=False, **kwargs
-                ).last_hidden_state[:, :-1]
-                logits = base.get_output_embeddings()(hidden[mask])
-            logits = logits.float()
-            if weight is None:
-                loss_sum = F.cross_entropy(logits, targets, reduction="sum")
-                n = num_items_in_batch if num_items_in_batch is not None else mask.sum()
-                loss = loss_sum / torch.as_tensor(n, device=loss_sum.device).clamp(min=1)
-            else:
-                weights = torch.where(is_completion, 1.0, weight)
-                losses = F.cross_entropy(logits, targets, reduction="none")
-                loss = (losses * weights).sum() / weights.sum().clamp(min=1e-8)
-                if num_items_in_batch is not None and self.model_accepts_loss_kwargs:
-                    # the Trainer then skips its division by the accumulation steps
-                    loss = loss / self.current_gradient_accumulation_steps
-            with torch.no_grad():
-                hits = logits.argmax(-1) == targets
-                if weight is not None:  # accuracy on the completion, as without weighting
-                    hits = hits[is_completion]
-                self._metrics[mode]["mean_token_accuracy"].append(
-                    hits.sum().item() / max(int(hits.numel()), 1)
+                outputs = model(
+                    input_ids=inputs["input_ids"],
+                    use_cache=False,
+                    output_hidden_states=True,
+                    logits_to_keep=1,  # the model's own logits: the last position only (unused)
+                    **kwargs,
                 )
-                if mode == "train":
-                    self._total_train_tokens += int(
-                        inputs["attention_mask"].sum().item()
-                        if "attention_mask" in inputs
-                        else inputs["input_ids"].numel()
-                    )
-                self._metrics[mode]["num_tokens"] = [self._total_train_tokens]
-            if return_outputs:
-                return loss, {"logits": logits}
-            return loss
+                hidden = outputs.hidden_states[-1][:, :-1]  # after the final norm
+                logits = unwrapped.get_output_embeddings()(hidden[mask])
+            losses = F.cross_entropy(logits.float(), targets, reduction="none")
+            if num_items_in_batch is None:  # evaluation: this batch alone
+                loss = (losses * weights).sum() / weights.sum().clamp(min=1e-8)
+            else:
+                loss = (losses * weights).sum() / num_items_in_batch
+                if self.args.average_tokens_across_devices:
+                    loss = loss * self.accelerator.num_processes
+            if model.training:
+                self._record(logits, targets, is_completion, inputs)
+            return (loss, {"logits": logits}) if return_outputs else loss
 
-    return CompletionLogitsSFTTrainer
+        @torch.no_grad()
+        def _record(self, logits, targets, is_completion, inputs):
+            """Completion-token accuracy and trained tokens, over all processes."""
+            hits = (logits.argmax(-1) == targets)[is_completion].sum()
+            counts = torch.stack([hits, is_completion.sum(), inputs["attention_mask"].sum()])
+            if self.accelerator.num_processes > 1:
+                counts = self.accelerator.reduce(counts, reduction="sum")
+            hits, n, tokens = (int(c) for c in counts)
+            self._logged_accuracy.append(hits / max(n, 1))
+            self._trained_tokens += tokens
+
+        def log(self, logs, *args, **kwargs):
+            if "loss" in logs and self._logged_accuracy:
+                logs["mean_token_accuracy"] = sum(self._logged_accuracy) / len(
+                    self._logged_accuracy
+                )
+                self._logged_accuracy = []
+            logs["num_tokens"] = self._trained_tokens
+            super().log(logs, *args, **kwargs)
+
+    return PromptWeightedSFTTrainer
 
 
 def check_rows_fit(rows_in: int, prepared_lengths: list[int], max_length: int) -> dict:
@@ -255,9 +278,10 @@ def train_sft(
     from transformers import set_seed
     from transformers.integrations import DVCLiveCallback
 
+    from sqlrl.launch import is_main_process, wait_for_everyone, world_size
+
     threads = set_torch_threads(torch_threads)
     set_seed(seed)
-    SFTTrainer = _trainer_class()
     model, tokenizer = load_model_and_tokenizer(
         base_dir, attn_implementation=params.attn_implementation
     )
@@ -265,39 +289,46 @@ def train_sft(
     model.config.use_cache = False
     dataset = load_sft_dataset(data_path)
     callbacks = [_throughput_callback(), trainer_progress("sft")]
-    if dvclive_dir:
+    if dvclive_dir and is_main_process():  # one writer of the curves
         from dvclive import Live
 
         shutil.rmtree(dvclive_dir, ignore_errors=True)
         callbacks.append(DVCLiveCallback(live=Live(dvclive_dir, dvcyaml=False, save_dvc_exp=False)))
+    if _weighted_prompt_loss(params):
+        trainer_class = _weighted_loss_trainer_class()
+        extra = {"prompt_loss_weight": params.prompt_loss_weight}
+    else:  # TRL's own loss
+        from trl import SFTTrainer as trainer_class
+
+        extra = {}
     with tempfile.TemporaryDirectory(prefix="sft-") as tmp:
         args = sft_config(params, seed, tmp, **config_overrides)
-        trainer = SFTTrainer(
+        trainer = trainer_class(
             model=model,
             args=args,
             train_dataset=dataset,
             processing_class=tokenizer,
             callbacks=callbacks,
             peft_config=lora_config(params) if params.use_lora else None,
+            **extra,
         )
-        rows = check_rows_fit(
-            len(dataset), [len(ids) for ids in trainer.train_dataset["input_ids"]], args.max_length
-        )
-        if _weighted_prompt_loss(params):
-            trainer.prompt_loss_weight = params.prompt_loss_weight
+        lengths = [len(ids) for ids in trainer.train_dataset["input_ids"]]
+        rows = check_rows_fit(len(dataset), lengths, args.max_length)
         start = time.perf_counter()
         result = trainer.train()
         wall = time.perf_counter() - start
-        tokens = trainer._total_train_tokens if hasattr(trainer, "_total_train_tokens") else None
-    trained = trainer.model
+    tokens = round(sum(lengths) * trainer.state.epoch)  # every row once an epoch, no padding
+    trained = trainer.accelerator.unwrap_model(trainer.model)
     if params.use_lora:
         trained = trained.merge_and_unload()
     trained = trained.to(save_dtype)  # not the fp32 a CPU computed in
     trained.config.use_cache = True
     out_dir = Path(out_dir)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    trained.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+    if is_main_process():  # the others wait: one process deletes and writes the model
+        shutil.rmtree(out_dir, ignore_errors=True)
+        trained.save_pretrained(out_dir)
+        tokenizer.save_pretrained(out_dir)
+    wait_for_everyone()
     last = callbacks[0].last_log
     metrics = {
         "final_loss": last.get("loss"),
@@ -314,11 +345,8 @@ def train_sft(
         "n_params": n_parameters(trained),
         "use_lora": params.use_lora,
         "torch_threads": threads,
+        "world_size": world_size(),
         "bf16": bool(args.bf16),
         "bf16_reason": resolve_bf16(params.bf16)[1],
     }
     return metrics
-
-
-def write_json(path: str | Path, data: dict) -> None:
-    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

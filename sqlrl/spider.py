@@ -118,11 +118,6 @@ def load_schemas(tables_json: Path) -> dict[str, Schema]:
     return {e["db_id"]: schema_from_entry(e, f"{tables_json} [{i}]") for i, e in enumerate(entries)}
 
 
-def load_raw_tables(tables_json: Path) -> dict[str, dict]:
-    """The raw tables.json entries by db_id (what the scorer's EM and hardness read)."""
-    return {e["db_id"]: e for e in read_json(tables_json)}
-
-
 def load_examples(path: Path, schemas: dict[str, Schema]) -> list[Example]:
     """A Spider question file (train_spider.json, dev.json, ...) as Examples.
 

@@ -44,10 +44,13 @@ def stage_lock(name: str, lock_dir: Path = LOCK_DIR):
 
 def run_stage(name: str, main: Callable[..., int], *args) -> int:
     """main(*args) under the stage's lock; a known error is printed as `name: message`."""
+    from contextlib import nullcontext
+
     from sqlrl.errors import PipelineError
 
-    try:
-        with stage_lock(name):
+    launched = "LOCAL_RANK" in os.environ  # a rank under accelerate launch / torchrun
+    try:  # stages.launch holds the lock for all the ranks it started
+        with nullcontext() if launched else stage_lock(name):
             return main(*args)
     except (StageBusyError, PipelineError) as exc:
         print(f"{name}: {exc}", file=sys.stderr)

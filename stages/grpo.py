@@ -7,6 +7,7 @@ import sys
 
 from sqlrl.grpo import PROMPTS_PATH, ROW_KEYS, reward_functions, train_grpo
 from sqlrl.jsonio import read_jsonl
+from sqlrl.launch import is_main_process
 from sqlrl.metrics import write_metrics
 from sqlrl.params import load_params
 from stages import run_stage
@@ -27,7 +28,8 @@ def main() -> int:
         torch_threads=params.torch_threads,
     )
     metrics["train_prompts"] = len(rows)  # what each filter dropped: metrics/grpo_prompts.json
-    write_metrics("metrics/grpo.json", metrics)
+    if is_main_process():
+        write_metrics("metrics/grpo.json", metrics)
     return 0
 
 

@@ -9,6 +9,7 @@ import sys
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
+from sqlrl.launch import is_main_process  # noqa: E402
 from sqlrl.metrics import write_metrics  # noqa: E402
 from sqlrl.params import load_params  # noqa: E402
 from sqlrl.prompt_settings import write_prompt_settings  # noqa: E402
@@ -26,6 +27,8 @@ def main() -> int:
         "models/sft",
         torch_threads=params.torch_threads,
     )
+    if not is_main_process():  # rank 0 writes the model folder and the metrics
+        return 0
     # the prompts this model was trained on, for the server (never the workspace's params)
     write_prompt_settings("models/sft", params.prepare, params.eval.schema_repair)
     write_metrics("metrics/sft.json", metrics)

@@ -23,7 +23,7 @@ def spider_dir():
     return SPIDER_DIR
 
 
-def make_smoke_repo(repo, profile: str = "smoke"):
+def make_smoke_repo(repo, profile: str = "smoke", overrides: tuple[str, ...] = ()):
     """A git + DVC copy of this checkout's files (not its outputs) in `repo`, after a run of
     the whole DAG with `profile`.
 
@@ -53,7 +53,8 @@ def make_smoke_repo(repo, profile: str = "smoke"):
     run_cli(["git", "commit", "-qm", "copy"], repo)
     run_cli(["dvc", "remote", "modify", "--local", "storage", "url", storage_url()], repo)
     run_cli(["dvc", "pull", "-q", "data/raw/spider.dvc"], repo)
-    run_cli(["dvc", "exp", "run", "-S", f"profile={profile}"], repo)  # the whole DAG
+    sets = [arg for value in (f"profile={profile}", *overrides) for arg in ("-S", value)]
+    run_cli(["dvc", "exp", "run", *sets], repo)  # the whole DAG
     return repo
 
 

@@ -378,3 +378,18 @@ def test_a_damaged_database_is_an_error_naming_it_not_a_zero(dev_rows, spider_di
             render=_render,
             spider_dir=copy,
         )
+
+
+def test_voting_judges_candidates_under_the_scoring_time_limit(dev_rows, monkeypatch):
+    """Voting runs each candidate under the limit scoring will use: a query that scoring
+    times out gets no vote (under the reward's longer 5 s default the two slow ones won)."""
+    from sqlrl import score
+    from sqlrl.evaluate import self_consistency
+
+    monkeypatch.setattr(score, "EVAL_TIMEOUT_S", 0.2)
+    slow = (
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 3000000) "
+        "SELECT count(*) FROM c"
+    )
+    chosen, votes, _ = self_consistency([[slow, slow, "SELECT 7"]], [dev_rows[0]["db_path"]])
+    assert (chosen, votes) == (["SELECT 7"], [1])

@@ -148,3 +148,23 @@ def test_a_second_run_from_scratch_gives_identical_metrics_and_predictions(
         assert _without_timings(second) == _without_timings(first), name
     for path in sorted((smoke_repo / "data" / "predictions").glob("*.jsonl")):
         assert (again / "data" / "predictions" / path.name).read_text() == path.read_text()
+
+
+def test_two_processes_train_data_parallel_and_write_each_output_once(tmp_path_factory):
+    """`dvc exp run -S launch.num_processes=2`: sft and grpo run as two gloo processes under
+    `accelerate launch`; rank 0 alone deletes, writes and renames (before, the second rank's
+    rename failed), the metrics say so, and the final model loads."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.conftest import make_smoke_repo
+
+    repo = make_smoke_repo(
+        tmp_path_factory.mktemp("two_processes"), overrides=("launch.num_processes=2",)
+    )
+    sft, grpo = _metrics(repo, "sft"), _metrics(repo, "grpo")
+    assert sft["world_size"] == 2 and grpo["world_size"] == 2
+    params = yaml.safe_load((repo / "params.yaml").read_text())["grpo"]
+    assert grpo["prompts_per_step"] == 2 * params["batch_size"] // params["num_generations"]
+    assert grpo["completions_per_step"] == 2 * params["batch_size"]
+    assert not (repo / "models" / "grpo_adapter.tmp").exists()
+    assert AutoModelForCausalLM.from_pretrained(repo / "models" / "final").num_parameters() > 0

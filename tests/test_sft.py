@@ -258,3 +258,53 @@ def test_lora_on_a_bf16_base_saves_a_bf16_model(base_dir, tmp_path):
     assert metrics["dtype"] == "bfloat16"
     with safe_open(str(tmp_path / "sft" / "model.safetensors"), "pt") as f:
         assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize("grad_accum", [1, 2])
+def test_weighted_loss_at_weight_one_is_trls_loss_with_the_same_gradients(
+    base_dir, tmp_path, grad_accum
+):
+    """At weight 1 (every token alike) the prompt-weighted loss is TRL's own loss on prompt and
+    completion: the same loss and gradients for one optimizer step, also when the step's
+    rows are split over two accumulation passes of different lengths (the total weight of
+    the step divides the sum, as TRL's token count does)."""
+    from transformers import TrainerCallback
+    from trl import SFTTrainer
+
+    from sqlrl.modeling import load_model_and_tokenizer
+    from sqlrl.sft import _weighted_loss_trainer_class, sft_config
+
+    class Gradients(TrainerCallback):
+        def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+            self.grads = {
+                n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
+            }
+
+    def one_step(trainer_class, completion_only_loss, **extra):
+        model, tokenizer = load_model_and_tokenizer(base_dir / "base")
+        params = _params(
+            completion_only_loss=completion_only_loss,
+            prompt_loss_weight=1.0,  # TRL: the loss on every token; ours: labels on the completion
+            batch_size=8 // grad_accum,
+            grad_accum=grad_accum,
+            group_by_length=False,
+        )
+        args = sft_config(params, 0, str(tmp_path / "out"), max_steps=1, max_grad_norm=0.0)
+        capture = Gradients()
+        trainer = trainer_class(
+            model=model,
+            args=args,
+            train_dataset=load_sft_dataset(base_dir / "sft.jsonl"),
+            processing_class=tokenizer,
+            callbacks=[capture],
+            **extra,
+        )
+        trainer.train()
+        return trainer.state.log_history[0]["loss"], capture.grads
+
+    trl_loss, trl_grads = one_step(SFTTrainer, False)
+    ours_loss, ours_grads = one_step(_weighted_loss_trainer_class(), True, prompt_loss_weight=1.0)
+    assert ours_loss == pytest.approx(trl_loss, rel=1e-4)
+    assert ours_grads.keys() == trl_grads.keys()
+    for name, grad in trl_grads.items():
+        torch.testing.assert_close(ours_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -1,0 +1,94 @@
+"""Training processes: one in-process, more (or an accelerate config) under `accelerate
+launch`; only rank 0 writes; each rank sizes its threads and SQL workers by its share."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from sqlrl.launch import accelerate_command, is_main_process, world_size
+from sqlrl.params import LaunchParams, ParamsError
+
+RANK_VARIABLES = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+
+
+@pytest.fixture
+def single(monkeypatch):
+    for name in RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def _rank(monkeypatch, rank: int, world: int):
+    for name, value in (
+        ("RANK", rank),
+        ("LOCAL_RANK", rank),
+        ("WORLD_SIZE", world),
+        ("LOCAL_WORLD_SIZE", world),
+    ):
+        monkeypatch.setenv(name, str(value))
+
+
+def test_one_process_without_a_config_runs_in_this_process():
+    assert accelerate_command(LaunchParams(1, ""), "stages.sft", cuda=False) is None
+
+
+def test_two_processes_go_through_accelerate_launch_data_parallel(monkeypatch):
+    monkeypatch.setattr("sqlrl.hardware.usable_cores", lambda: 8)
+    cmd = accelerate_command(LaunchParams(2, ""), "stages.grpo", cuda=False)
+    assert cmd[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
+    assert cmd[-2:] == ["-m", "stages.grpo"]
+    assert "--multi_gpu" in cmd and cmd[cmd.index("--num_processes") + 1] == "2"
+    assert cmd[cmd.index("--num_cpu_threads_per_process") + 1] == "4"  # the cores, shared
+    on_gpu = accelerate_command(LaunchParams(2, ""), "stages.grpo", cuda=True)
+    assert "--num_cpu_threads_per_process" not in on_gpu
+
+
+def test_a_config_file_is_passed_and_its_process_count_overridden():
+    cmd = accelerate_command(LaunchParams(1, "conf/config.yaml"), "stages.sft", cuda=True)
+    assert cmd[cmd.index("--config_file") + 1] == "conf/config.yaml"
+    assert cmd[cmd.index("--num_processes") + 1] == "1" and "--multi_gpu" not in cmd
+
+
+@pytest.mark.parametrize(
+    ("num_processes", "config", "match"),
+    [(0, "", "num_processes"), (2, "conf/accelerate/nope.yaml", "no file")],
+)
+def test_bad_launch_params_are_refused(num_processes, config, match):
+    with pytest.raises(ParamsError, match=match):
+        LaunchParams(num_processes, config)
+
+
+def test_rank_zero_alone_writes(single):
+    assert is_main_process() and world_size() == 1
+    _rank(single, 1, 2)
+    assert not is_main_process() and world_size() == 2
+    _rank(single, 0, 2)
+    assert is_main_process()
+
+
+def test_threads_and_sql_workers_are_a_share_of_the_cores(single):
+    from sqlrl import hardware
+    from sqlrl.rewards import default_workers
+
+    single.setattr(hardware, "usable_cores", lambda: 8)
+    assert hardware.cores_per_process() == 8 and default_workers() == 8
+    _rank(single, 0, 2)
+    assert hardware.cores_per_process() == 4 and default_workers() == 4
+    _rank(single, 1, 16)
+    assert hardware.cores_per_process() == 1 and default_workers() == 1
+
+
+def test_a_launched_rank_runs_without_the_stage_lock_its_launcher_holds(single, tmp_path):
+    """The launcher holds the stage's lock; its ranks must not wait for it (nor fail)."""
+    from stages import run_stage, stage_lock
+
+    single.chdir(tmp_path)
+    held = stage_lock("sft")
+    try:
+        assert run_stage("sft", lambda: 0) == 1  # a second plain run: refused
+        _rank(single, 1, 2)
+        assert run_stage("sft", lambda: 7) == 7  # a rank of the launched group: runs
+    finally:
+        held.close()
