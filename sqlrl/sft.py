@@ -179,12 +179,14 @@ def _weighted_loss_trainer_class():
             self._trained_tokens += tokens
 
         def log(self, logs, *args, **kwargs):
-            if "loss" in logs and self._logged_accuracy:
-                logs["mean_token_accuracy"] = sum(self._logged_accuracy) / len(
-                    self._logged_accuracy
-                )
-                self._logged_accuracy = []
-            logs["num_tokens"] = self._trained_tokens
+            """A training log gets the accuracy since the last one and the tokens so far (the
+            end-of-run summary neither, as with TRL's own loss)."""
+            if "loss" in logs:
+                if self._logged_accuracy:
+                    accuracy = self._logged_accuracy
+                    logs["mean_token_accuracy"] = sum(accuracy) / len(accuracy)
+                    self._logged_accuracy = []
+                logs["num_tokens"] = self._trained_tokens
             super().log(logs, *args, **kwargs)
 
     return PromptWeightedSFTTrainer
