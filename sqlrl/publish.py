@@ -100,7 +100,7 @@ def model_card(repo_id: str, root: Path = Path(".")) -> str:
             "```",
             "",
             "Prompts are chat messages (system + user with schema and question) built by "
-            "`sqlrl.prompts.build_messages`; see the pipeline's README.",
+            "`sqlrl.data.prompts.build_messages`; see the pipeline's README.",
             "",
             "## Training parameters",
             "",

@@ -19,8 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlrl.executor import Verdict
 from sqlrl.paths import SPIDER_DIR
+from sqlrl.sql.executor import Verdict
 
 
 @dataclass
@@ -46,9 +46,9 @@ def finish_answer(
     """Model completions -> the answer, as evaluation scores them: the SQL extracted, names
     the schema lacks repaired (when `repair` and the schema is known), and with several
     samples a vote: by execution result when `execute` runs them, else by SQL text."""
-    from sqlrl.evaluate import vote
-    from sqlrl.schema_repair import repair_sql
-    from sqlrl.sql_extract import extract_sql
+    from sqlrl.eval.voting import vote
+    from sqlrl.sql.extract import extract_sql
+    from sqlrl.sql.schema_repair import repair_sql
 
     if not texts:
         raise ValueError("no completion to answer from")
@@ -86,9 +86,9 @@ class TextToSQL:
         use_vllm: bool = False,
         **prompt_overrides,
     ):
-        from sqlrl.executor import ExecLimits, SQLExecutor
-        from sqlrl.generate import make_generator
+        from sqlrl.model.generate import make_generator
         from sqlrl.serve.prompting import PromptBuilder, PromptSettings
+        from sqlrl.sql.executor import ExecLimits, SQLExecutor
 
         self.settings = PromptSettings.for_model(model_dir, **prompt_overrides)
         self.prompts = PromptBuilder(self.settings, spider_dir)
@@ -127,7 +127,7 @@ class TextToSQL:
     ) -> Answer:
         """The full answer; `execute` runs it on `db` (read-only); `num_samples` > 1 samples
         at `temperature` and votes by execution result (with `execute`) or by SQL text."""
-        from sqlrl.prompts import render_prompt
+        from sqlrl.data.prompts import render_prompt
 
         given = [
             name

@@ -12,8 +12,8 @@ import time
 
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
-from sqlrl.metrics import write_metrics  # noqa: E402
-from sqlrl.modeling import build_base  # noqa: E402
+from sqlrl.jsonio import write_json  # noqa: E402
+from sqlrl.model.modeling import build_base  # noqa: E402
 from sqlrl.params import load_params  # noqa: E402
 from stages import run_stage  # noqa: E402
 
@@ -26,7 +26,7 @@ def main() -> int:
     params = load_params()
     record = build_base(params.base, params.seed, SFT_DATA, OUT_DIR)
     metrics = {**record, "wall_seconds": round(time.perf_counter() - start, 1)}
-    write_metrics("metrics/base.json", metrics)
+    write_json("metrics/base.json", metrics)
     print(f"base: {record['source']} model, {record['n_params']:,} parameters -> {OUT_DIR}")
     return 0
 

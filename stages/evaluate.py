@@ -17,11 +17,14 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from sqlrl.compare import compare_predictions  # noqa: E402
-from sqlrl.evaluate import evaluate_model  # noqa: E402
+from sqlrl.eval.compare import compare_predictions  # noqa: E402
+from sqlrl.eval.evaluate import evaluate_model  # noqa: E402
 from sqlrl.hardware import set_torch_threads  # noqa: E402
-from sqlrl.jsonio import read_jsonl, write_jsonl  # noqa: E402
-from sqlrl.metrics import write_metrics  # noqa: E402
+from sqlrl.jsonio import (  # noqa: E402
+    read_jsonl,
+    write_json,  # noqa: E402
+    write_jsonl,
+)
 from sqlrl.params import load_params  # noqa: E402
 from sqlrl.paths import REPO_ROOT  # noqa: E402
 from stages import run_stage  # noqa: E402
@@ -65,7 +68,7 @@ def main(argv: list[str], root: Path = REPO_ROOT) -> int:
             return 1
     write_jsonl(out / f"{name}.jsonl", predictions["dev"])
     write_jsonl(out / f"{name}_heldout.jsonl", predictions.get("heldout", []))
-    write_metrics(root / "metrics" / f"eval_{name}.json", metrics)
+    write_json(root / "metrics" / f"eval_{name}.json", metrics)
     line = (
         f"evaluate@{name}: dev EX {_pct(metrics['ex'])} (non-trivial gold "
         f"{_pct(metrics['ex_nontrivial'])}) EM {_pct(metrics['em'])} "

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import sys
 
-from sqlrl.grpo import PROMPTS_PATH, ROW_KEYS, reward_functions, train_grpo
-from sqlrl.jsonio import read_jsonl
-from sqlrl.launch import is_main_process
-from sqlrl.metrics import write_metrics
+from sqlrl.jsonio import read_jsonl, write_json
 from sqlrl.params import load_params
+from sqlrl.train.grpo import PROMPTS_PATH, ROW_KEYS, reward_functions, train_grpo
+from sqlrl.train.launch import is_main_process
 from stages import run_stage
 
 SFT_DIR = "models/sft"
@@ -29,7 +28,7 @@ def main() -> int:
     )
     metrics["train_prompts"] = len(rows)  # what each filter dropped: metrics/grpo_prompts.json
     if is_main_process():
-        write_metrics("metrics/grpo.json", metrics)
+        write_json("metrics/grpo.json", metrics)
     return 0
 
 

@@ -3,7 +3,7 @@
 
 A stage of its own because the pass-rate filter samples the SFT model (minutes on a CPU):
 `dvc exp run -S grpo.steps=500` reuses the selection and reruns only grpo and what follows.
-The SFT model is sampled by evaluation's generator factory (`sqlrl.generate.make_generator`):
+The SFT model is sampled by evaluation's generator factory (`sqlrl.model.generate.make_generator`):
 vLLM when grpo.use_vllm is set and vLLM is installed, else transformers on the GPU when there
 is one, in the model's dtype; grpo.batch_size prompts a batch, grpo.max_completion_length
 tokens, grpo.temperature, with nothing taken from the model's generation_config.json.
@@ -14,13 +14,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from sqlrl.executor import SQLExecutor
-from sqlrl.grpo import PROMPTS_PATH, ROW_KEYS, reward_functions, sampled_pass_rates, select_prompts
 from sqlrl.hardware import set_torch_threads
-from sqlrl.jsonio import read_jsonl, write_jsonl
-from sqlrl.metrics import write_metrics
+from sqlrl.jsonio import read_jsonl, write_json, write_jsonl
 from sqlrl.params import GrpoParams, load_params
 from sqlrl.paths import REPO_ROOT
+from sqlrl.sql.executor import SQLExecutor
+from sqlrl.train.grpo import PROMPTS_PATH, ROW_KEYS, reward_functions
+from sqlrl.train.grpo_prompts import sampled_pass_rates, select_prompts
 from stages import run_stage
 
 SFT_DIR = "models/sft"
@@ -32,7 +32,7 @@ def pass_rate_generator(model_dir: str | Path, grpo: GrpoParams, seed: int):
     does: with transformers a batch runs until its longest sample ends, so smaller batches waste
     less (default model, 64 prompts x 8 samples: 32 prompts a batch 1.36 s/prompt, 8 0.55,
     2 0.37)."""
-    from sqlrl.generate import make_generator
+    from sqlrl.model.generate import make_generator
 
     prompts_per_batch = max(1, grpo.batch_size // grpo.pass_rate_filter.samples)
     return make_generator(
@@ -73,7 +73,7 @@ def main(root: Path = REPO_ROOT) -> int:
         file=sys.stderr,
     )
     write_jsonl(root / PROMPTS_PATH, selected)
-    write_metrics(root / "metrics/grpo_prompts.json", stats.as_metrics())
+    write_json(root / "metrics/grpo_prompts.json", stats.as_metrics())
     return 0
 
 

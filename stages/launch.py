@@ -1,5 +1,5 @@
 """`python -m stages.launch stages.sft`: a training stage in this process, or under
-`accelerate launch` in `launch.num_processes` processes (sqlrl/launch.py). The stage lock is
+`accelerate launch` in `launch.num_processes` processes (sqlrl/train/launch.py). The stage lock is
 held here, once, for all the processes."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import importlib
 import subprocess
 import sys
 
-from sqlrl.launch import accelerate_command
 from sqlrl.params import load_params
+from sqlrl.train.launch import accelerate_command
 from stages import run_stage
 
 TRAINING_STAGES = ("stages.sft", "stages.grpo")

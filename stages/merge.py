@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from sqlrl.merge import merge_adapter
+from sqlrl.train.merge import merge_adapter
 from stages import run_stage
 
 

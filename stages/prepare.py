@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import sys
 
-from sqlrl.metrics import write_metrics
+from sqlrl.data.prepare import prepare
+from sqlrl.jsonio import write_json
 from sqlrl.params import load_params
-from sqlrl.prepare import prepare
 from stages import run_stage
 
 
 def main() -> int:
     params = load_params()
     metrics = prepare(params.prepare, params.seed)
-    write_metrics("metrics/prepare.json", metrics)
+    write_json("metrics/prepare.json", metrics)
     train, dev = metrics["train"], metrics["dev"]
     print(
         f"prepare: {train['sft']} training examples, {train['heldout']} held out, "

@@ -9,11 +9,11 @@ import sys
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
 
-from sqlrl.launch import is_main_process  # noqa: E402
-from sqlrl.metrics import write_metrics  # noqa: E402
+from sqlrl.data.prompt_settings import write_prompt_settings  # noqa: E402
+from sqlrl.jsonio import write_json  # noqa: E402
 from sqlrl.params import load_params  # noqa: E402
-from sqlrl.prompt_settings import write_prompt_settings  # noqa: E402
-from sqlrl.sft import train_sft  # noqa: E402
+from sqlrl.train.launch import is_main_process  # noqa: E402
+from sqlrl.train.sft import train_sft  # noqa: E402
 from stages import run_stage  # noqa: E402
 
 
@@ -31,7 +31,7 @@ def main() -> int:
         return 0
     # the prompts this model was trained on, for the server (never the workspace's params)
     write_prompt_settings("models/sft", params.prepare, params.eval.schema_repair)
-    write_metrics("metrics/sft.json", metrics)
+    write_json("metrics/sft.json", metrics)
     print(
         f"sft: {metrics['rows_trained']} of {metrics['examples']} rows trained (none cut), "
         f"{metrics['steps']} steps, final loss {metrics['final_loss']}, "

@@ -76,8 +76,8 @@ def prepared_dir(spider_dir, tmp_path_factory):
     which only touches sft.jsonl), built from the pulled Spider in a temporary root."""
     import dataclasses
 
+    from sqlrl.data.prepare import prepare
     from sqlrl.params import load_params
-    from sqlrl.prepare import prepare
 
     root = tmp_path_factory.mktemp("prepared_root")
     (root / "data" / "raw").mkdir(parents=True)

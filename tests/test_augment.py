@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sqlrl.augment import (
+from sqlrl.data.augment import (
     Augmenter,
     UnsafeRename,
     mark_question,
@@ -23,9 +23,9 @@ from sqlrl.augment import (
     schema_mentions,
     shuffle_schema,
 )
+from sqlrl.data.prepare import prepare
+from sqlrl.data.spider import Column, Schema, Table, load_schemas
 from sqlrl.params import load_params
-from sqlrl.prepare import prepare
-from sqlrl.spider import Column, Schema, Table, load_schemas
 
 SCHEMA = Schema(
     "d",
@@ -176,7 +176,7 @@ def test_augmented_rows_do_not_depend_on_the_hash_seed(tmp_path, spider_dir):
     root = _one_database_root(tmp_path, spider_dir)
     code = (
         "import sys, dataclasses; from pathlib import Path; from sqlrl.params import load_params; "
-        "from sqlrl.prepare import prepare; b = load_params().prepare; "
+        "from sqlrl.data.prepare import prepare; b = load_params().prepare; "
         "prepare(dataclasses.replace(b, heldout_fraction=0.0, mark_schema_mentions=True, "
         "augment=dataclasses.replace(b.augment, copies=2, shuffle_schema=True, "
         "rename_prob=0.5)), 42, Path(sys.argv[1]))"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sqlrl.compare import compare_predictions, paired_bootstrap
+from sqlrl.eval.compare import compare_predictions, paired_bootstrap
 
 
 def test_a_clear_improvement_excludes_zero():
@@ -41,7 +41,7 @@ def test_prediction_files_must_ask_the_same_questions():
 
 
 def test_the_comparison_is_repeated_without_trivial_gold_questions():
-    from sqlrl.compare import compare_predictions
+    from sqlrl.eval.compare import compare_predictions
 
     rows = lambda exs, trivial: [
         {

@@ -57,28 +57,39 @@ def import_closure(module: str) -> set[str]:
     return {str(p.relative_to(REPO_ROOT)) for p in files.values()}
 
 
-def _stages() -> list[tuple[str, str, list[str]]]:
-    """(stage, module run by its cmd, deps) for every stage of dvc.yaml."""
+def _stages() -> list[tuple[str, list[str], list[str]]]:
+    """(stage, modules its cmd runs, deps) for every stage of dvc.yaml."""
     stages = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
     out = []
     for name, stage in stages.items():
         body = stage.get("do", stage)
         match = re.match(r"python -m (\S+)", body["cmd"])
         assert match, f"stage {name}: cmd {body['cmd']!r} is not `python -m <module>`"
-        out.append((name, match.group(1), [str(d) for d in body.get("deps", [])]))
+        modules = [match.group(1)] + re.findall(r"\s(stages\.\w+)", body["cmd"])  # launched
+        out.append((name, modules, [str(d) for d in body.get("deps", [])]))
     return out
 
 
 def test_the_closure_follows_imports_inside_functions():
     closure = import_closure("stages.grpo_prompts")
-    assert "sqlrl/generate.py" in closure  # imported inside a function only
+    assert "sqlrl/model/generate.py" in closure  # imported inside a function only
     assert {"sqlrl/__init__.py", "stages/__init__.py", "sqlrl/params.py"} <= closure
 
 
-@pytest.mark.parametrize("stage,module,deps", _stages(), ids=[s[0] for s in _stages()])
-def test_every_imported_repo_file_is_a_dep_of_the_stage(stage, module, deps):
+@pytest.mark.parametrize("stage,modules,deps", _stages(), ids=[s[0] for s in _stages()])
+def test_every_imported_repo_file_is_a_dep_of_the_stage(stage, modules, deps):
     def covered(path: str) -> bool:
         return any(path == d or path.startswith(d.rstrip("/") + "/") for d in deps)
 
-    missing = sorted(p for p in import_closure(module) if not covered(p))
+    imported = set().union(*(import_closure(module) for module in modules))
+    missing = sorted(p for p in imported if not covered(p))
     assert not missing, f"dvc.yaml stage {stage} imports but does not depend on: {missing}"
+
+
+def test_bytecode_is_not_part_of_a_code_folder_dep():
+    """A folder dep (sqlrl/sql, ...) must hash the same whichever Python compiled it."""
+    import subprocess
+
+    pyc = "sqlrl/sql/__pycache__/executor.cpython-311.pyc"
+    done = subprocess.run(["dvc", "check-ignore", pyc], cwd=REPO_ROOT, capture_output=True)
+    assert done.returncode == 0, f"{pyc} is not in .dvcignore: a folder dep would hash it"

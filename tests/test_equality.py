@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from sqlrl.equality import normalize_sql, order_matters, results_match
-from sqlrl.rewards import Judge
+from sqlrl.sql.equality import normalize_sql, order_matters, results_match
+from sqlrl.sql.judge import Judge
 
 # ----------------------------------------------------------------------------- results_match
 

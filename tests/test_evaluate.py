@@ -1,4 +1,4 @@
-"""Evaluation (sqlrl/evaluate.py, stages/evaluate.py) on real Spider dev rows.
+"""Evaluation (sqlrl/eval/evaluate.py, stages/evaluate.py) on real Spider dev rows.
 
 The model is replaced by fake backends that answer with chosen SQL, so every verdict is known
 in advance; one test runs the real stage on a tiny model.
@@ -12,9 +12,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from sqlrl.evaluate import evaluate_model, evaluate_split, vote
-from sqlrl.jsonio import read_jsonl
-from sqlrl.metrics import read_metrics
+from sqlrl.eval.evaluate import evaluate_model, evaluate_split
+from sqlrl.eval.voting import vote
+from sqlrl.jsonio import read_json, read_jsonl
 from sqlrl.params import EvalParams
 from sqlrl.paths import REPO_ROOT
 from tests.test_generate import tiny  # noqa: F401  (the tiny-model fixture)
@@ -76,7 +76,7 @@ def _fake_for(rows):
 
 
 def test_evaluate_split_end_to_end_with_known_answers(dev_rows, spider_dir):
-    from sqlrl.spider_eval import hardness
+    from sqlrl.eval.spider_eval import hardness
 
     fake = _fake_for(dev_rows)
     metrics, preds = evaluate_split(dev_rows, fake, _render, spider_dir=spider_dir, workers=1)
@@ -297,7 +297,7 @@ def test_stage_writes_metrics_and_predictions_with_a_tiny_model(
     (tmp_path / "params.yaml").write_text(params)
 
     assert main(["tiny"], root=tmp_path) == 0
-    metrics = read_metrics(tmp_path / "metrics" / "eval_tiny.json")
+    metrics = read_json(tmp_path / "metrics" / "eval_tiny.json")
     assert (metrics["n"], metrics["skipped"]) == (3, 1)
     assert 0.0 <= metrics["ex"] <= 1.0 and metrics["examples_per_second"] > 0
     assert metrics["ex_all"] == pytest.approx(metrics["ex"] * 3 / 4, abs=1e-6)
@@ -340,7 +340,7 @@ def test_only_absent_databases_loads_no_model(dev_rows, spider_dir, tmp_path):
 def test_a_damaged_database_is_an_error_naming_it_not_a_zero(dev_rows, spider_dir, tmp_path):
     """A database file that is present but not readable SQLite would make every question on
     it score as wrong; evaluation stops and names the file instead."""
-    from sqlrl.evaluate import DatabaseFileError
+    from sqlrl.eval.evaluate import DatabaseFileError
 
     copy = tmp_path / "spider"
     (copy / "database" / "concert_singer").mkdir(parents=True)
@@ -383,8 +383,8 @@ def test_a_damaged_database_is_an_error_naming_it_not_a_zero(dev_rows, spider_di
 def test_voting_judges_candidates_under_the_scoring_time_limit(dev_rows, monkeypatch):
     """Voting runs each candidate under the limit scoring will use: a query that scoring
     times out gets no vote (under the reward's longer 5 s default the two slow ones won)."""
-    from sqlrl import score
-    from sqlrl.evaluate import self_consistency
+    from sqlrl.eval import score
+    from sqlrl.eval.voting import self_consistency
 
     monkeypatch.setattr(score, "EVAL_TIMEOUT_S", 0.2)
     slow = (

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sqlrl.executor import ExecLimits, SQLExecutor, Verdict, execute
 from sqlrl.paths import REPO_ROOT
+from sqlrl.sql.executor import ExecLimits, SQLExecutor, Verdict, execute
 
 RUNAWAY = "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) SELECT count(*) FROM r"
 CARTESIAN = (
@@ -328,7 +328,7 @@ def test_guarded_built_ins_give_sqlites_own_values_and_errors(db):
 
 MEMORY_CHILD = """
 import json, resource, sys
-from sqlrl.executor import ExecLimits, SQLExecutor
+from sqlrl.sql.executor import ExecLimits, SQLExecutor
 executor = SQLExecutor(ExecLimits(timeout_s=5.0))
 executor.execute(sys.argv[1], "SELECT 1")
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -402,7 +402,7 @@ def test_sorts_and_temporary_tables_never_touch_the_disk(db):
 
 STATEMENTS_CHILD = """
 import json, os, sys
-from sqlrl.executor import ExecLimits, SQLExecutor
+from sqlrl.sql.executor import ExecLimits, SQLExecutor
 spider = sys.argv[1]
 executor = SQLExecutor(ExecLimits(max_heap_bytes=32 * 2**20))
 failed = []

@@ -1,4 +1,4 @@
-"""Batched generation backends (sqlrl/generate.py) on a tiny Qwen2 model built in the test."""
+"""Batched generation backends (sqlrl/model/generate.py) on a tiny Qwen2 model built in the test."""
 
 from __future__ import annotations
 
@@ -11,10 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from sqlrl import generate as gen
-from sqlrl.modeling import IM_END, build_scratch_model, to_transformers_tokenizer, train_tokenizer
+from sqlrl.data.prompts import build_messages, render_prompt
+from sqlrl.model import generate as gen
+from sqlrl.model.modeling import (
+    IM_END,
+    build_scratch_model,
+    to_transformers_tokenizer,
+    train_tokenizer,
+)
 from sqlrl.params import ArchitectureParams
-from sqlrl.prompts import build_messages, render_prompt
 
 TEXTS = [
     "SELECT count(*) FROM singer",
@@ -493,8 +498,7 @@ def test_pass_rate_filter_samples_through_the_generator_factory(
     vLLM (not by transformers on the CPU), with the grpo settings."""
     import yaml
 
-    from sqlrl.jsonio import read_jsonl
-    from sqlrl.metrics import read_metrics
+    from sqlrl.jsonio import read_json, read_jsonl
     from sqlrl.paths import REPO_ROOT
     from stages import grpo_prompts
 
@@ -532,7 +536,7 @@ def test_pass_rate_filter_samples_through_the_generator_factory(
         params["seed"],
     )
     assert (sp.top_k, sp.top_p, sp.repetition_penalty) == (0, 1.0, 1.0)
-    metrics = read_metrics(tmp_path / "metrics" / "grpo_prompts.json")
+    metrics = read_json(tmp_path / "metrics" / "grpo_prompts.json")
     assert metrics["pass_rate_pool"] == len(sent) > 0
     assert metrics["kept"] == len(sent) and metrics["pool_mean_pass_rate"] == 0.5
     kept = read_jsonl(tmp_path / "data" / "grpo_prompts.jsonl")
@@ -564,7 +568,7 @@ def test_pass_rate_filter_without_vllm_uses_transformers_and_says_so(tiny, monke
 
 
 def test_decoding_summary_says_greedy_without_penalty():
-    from sqlrl.generate import HFGenerator, decoding_summary
+    from sqlrl.model.generate import HFGenerator, decoding_summary
 
     generator = HFGenerator.__new__(HFGenerator)  # only its type matters here
     summary = decoding_summary(generator, temperature=0.8, n=1)

@@ -8,15 +8,16 @@ import json
 import pytest
 import torch
 
-from sqlrl.executor import SQLExecutor
-from sqlrl.grpo import StepTimer, reward_functions, select_prompts, summarize_log, train_grpo
-from sqlrl.merge import merge_adapter
-from sqlrl.modeling import build_scratch_model, to_transformers_tokenizer, train_tokenizer
+from sqlrl.data.prompts import build_messages, compact_schema
+from sqlrl.data.spider import database_path, load_examples, load_schemas
+from sqlrl.model.modeling import build_scratch_model, to_transformers_tokenizer, train_tokenizer
 from sqlrl.params import ArchitectureParams, compose_params, params_from_dict
 from sqlrl.paths import relative_to_root
-from sqlrl.prompts import build_messages, compact_schema
-from sqlrl.rewards import make_rewards
-from sqlrl.spider import database_path, load_examples, load_schemas
+from sqlrl.sql.executor import SQLExecutor
+from sqlrl.train.grpo import StepTimer, reward_functions, summarize_log, train_grpo
+from sqlrl.train.grpo_prompts import select_prompts
+from sqlrl.train.merge import merge_adapter
+from sqlrl.train.rewards import make_rewards
 
 ARCH = ArchitectureParams(
     hidden_size=32,
@@ -105,12 +106,12 @@ def test_selection_that_keeps_nothing_says_so(rows):
 def test_reward_wiring_on_a_tiny_model(rows, tiny_sft, tmp_path, monkeypatch):
     """TRL calls our reward with the dataset's columns; rewards are logged and summarised;
     each rollout batch runs one prefill per prompt (TRL puts a group's copies in a row)."""
-    import sqlrl.generate
+    import sqlrl.model.generate
 
     runs = []
-    repeated_rows = sqlrl.generate.repeated_rows
+    repeated_rows = sqlrl.model.generate.repeated_rows
     monkeypatch.setattr(
-        sqlrl.generate,
+        sqlrl.model.generate,
         "repeated_rows",
         lambda *a: runs.append(repeated_rows(*a)[1]) or repeated_rows(*a),
     )
@@ -214,7 +215,7 @@ def test_merge_keeps_the_sft_models_dtype(tiny_sft, tmp_path):
 def test_use_vllm_without_vllm_falls_back_to_transformers_with_a_warning(
     tmp_path, capsys, monkeypatch
 ):
-    from sqlrl.grpo import grpo_config
+    from sqlrl.train.grpo import grpo_config
 
     monkeypatch.setitem(__import__("sys").modules, "vllm", None)  # `import vllm` fails
     config = grpo_config(_grpo_params(use_vllm=True), 0, str(tmp_path))
@@ -225,7 +226,7 @@ def test_use_vllm_without_vllm_falls_back_to_transformers_with_a_warning(
 def test_gradient_accumulation_gives_several_questions_per_step(tmp_path):
     """TRL generates batch_size * grad_accum completions per optimizer step: that many
     divided by the group size are distinct questions."""
-    from sqlrl.grpo import grpo_config
+    from sqlrl.train.grpo import grpo_config
 
     params = _grpo_params(batch_size=8, grad_accum=16, num_generations=8)
     config = grpo_config(params, 0, str(tmp_path))
@@ -234,7 +235,7 @@ def test_gradient_accumulation_gives_several_questions_per_step(tmp_path):
 
 
 def test_pass_rate_counts_solved_samples_not_partial_credit():
-    from sqlrl.grpo import sampled_pass_rates
+    from sqlrl.train.grpo_prompts import sampled_pass_rates
 
     class Fixed:
         def sample(self, prompts, n, temperature, seed):
@@ -263,7 +264,7 @@ def test_on_a_cpu_only_completion_tokens_are_scored_with_the_same_log_probs(tiny
     from transformers import AutoModelForCausalLM
     from trl.kernels.chunked_logprob import _use_triton as stock
 
-    from sqlrl.grpo import score_completions_only_on_cpu
+    from sqlrl.train.grpo import score_completions_only_on_cpu
 
     model = AutoModelForCausalLM.from_pretrained(tiny_sft)
     trl_utils.add_fused_lm_head(model)

@@ -16,9 +16,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from sqlrl.errors import PipelineError
-from sqlrl.grpo import check_vllm_server, grpo_config, run_fingerprint
 from sqlrl.params import ParamsError, compose_params, params_from_dict
-from sqlrl.vllm_server import VllmServerError, wait_for_server
+from sqlrl.train.grpo import check_vllm_server, grpo_config, run_fingerprint
+from sqlrl.train.vllm_server import VllmServerError, wait_for_server
 from stages import run_stage
 
 SERVER_MODE = ["grpo.use_vllm=true", "grpo.vllm_mode=server"]
@@ -31,9 +31,9 @@ def _grpo(*overrides: str, profile: str = "smoke"):
 @pytest.fixture
 def vllm_installed(monkeypatch):
     """vllm_available() true without vLLM: GRPOConfig itself never imports it."""
-    import sqlrl.generate
+    import sqlrl.model.generate
 
-    monkeypatch.setattr(sqlrl.generate, "vllm_available", lambda: True)
+    monkeypatch.setattr(sqlrl.model.generate, "vllm_available", lambda: True)
 
 
 class StandIn(ThreadingHTTPServer):

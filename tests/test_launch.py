@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from sqlrl.launch import accelerate_command, is_main_process, world_size
 from sqlrl.params import LaunchParams, ParamsError
+from sqlrl.train.launch import accelerate_command, is_main_process, world_size
 
 RANK_VARIABLES = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 
@@ -70,7 +70,7 @@ def test_rank_zero_alone_writes(single):
 
 def test_threads_and_sql_workers_are_a_share_of_the_cores(single):
     from sqlrl import hardware
-    from sqlrl.rewards import default_workers
+    from sqlrl.sql.judge import default_workers
 
     single.setattr(hardware, "usable_cores", lambda: 8)
     assert hardware.cores_per_process() == 8 and default_workers() == 8

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from sqlrl.modeling import (
+from sqlrl.model.modeling import (
     ENDOFTEXT,
     IM_END,
     IM_START,

@@ -57,8 +57,8 @@ def test_smoke_run_writes_sane_metrics(smoke_repo):
 def test_the_final_model_loads_and_reproduces_its_committed_predictions(smoke_repo):
     """What a user does next with models/final: load it and generate. Same prompts, batch
     size and greedy decoding as evaluate@final, so the same completions, token for token."""
-    from sqlrl.generate import make_generator
-    from sqlrl.prompts import render_prompt
+    from sqlrl.data.prompts import render_prompt
+    from sqlrl.model.generate import make_generator
 
     params = yaml.safe_load((smoke_repo / "params.yaml").read_text())["eval"]
     dev = [

@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
+from sqlrl.data.prepare import prepare, split_heldout
+from sqlrl.data.spider import Example, SpiderDataError
 from sqlrl.params import load_params
-from sqlrl.prepare import prepare, split_heldout
-from sqlrl.spider import Example, SpiderDataError
 
 DBS = [
     "concert_singer",
@@ -112,7 +112,7 @@ def test_heldout_takes_the_fraction_of_each_databases_queries_with_all_their_que
 def test_no_heldout_gold_query_is_trained_on_in_the_real_prepared_data(spider_dir, tmp_path):
     """The default profile's prepare, augmented copies included: no held-out gold query
     (normalised as the split normalises) appears among the SFT completions or GRPO prompts."""
-    from sqlrl.prepare import query_key
+    from sqlrl.data.prepare import query_key
 
     root = tmp_path
     (root / "data" / "raw").mkdir(parents=True)
@@ -217,7 +217,7 @@ def test_augmentation_with_sample_rows_is_refused(mini_root):
 
 def _largest_db_tokens(root, rows):
     """The longest prompt per database in prepared rows, in Qwen2.5 tokens."""
-    from sqlrl.qwen_tokenizer import build_qwen25_tokenizer
+    from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer
 
     tokenizer = build_qwen25_tokenizer()
     longest: dict[str, int] = {}
@@ -234,9 +234,9 @@ def _largest_db_tokens(root, rows):
 def test_max_prompt_tokens_trims_sample_rows_of_large_schemas_only(mini_root):
     """A schema whose prompt would not fit gets fewer sample rows, in every split, and the
     reductions are reported; schemas that fit keep all their rows."""
-    from sqlrl.prepare import QUESTION_TOKENS, prompt_tokens
-    from sqlrl.prompts import serialize_schema
-    from sqlrl.spider import database_path, load_schemas
+    from sqlrl.data.prepare import QUESTION_TOKENS, prompt_tokens
+    from sqlrl.data.prompts import serialize_schema
+    from sqlrl.data.spider import database_path, load_schemas
 
     spider = mini_root / "data" / "raw" / "spider"
     schemas = load_schemas(spider / "tables.json")

@@ -1,4 +1,4 @@
-"""The prompt settings saved with a model (sqlrl/prompt_settings.py), which the server reads."""
+"""The prompt settings saved with a model (sqlrl/data/prompt_settings.py), which the server reads."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from sqlrl.params import load_params
-from sqlrl.prompt_settings import (
+from sqlrl.data.prompt_settings import (
     PROMPT_SETTINGS_FILE,
     PromptSettingsError,
     read_prompt_settings,
     write_prompt_settings,
 )
+from sqlrl.params import load_params
 
 
 def test_saved_settings_read_back_and_a_damaged_file_stops_the_server_at_startup(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sqlrl.prompts import (
+from sqlrl.data.prompts import (
     build_messages,
     compact_schema,
     completion_message,
@@ -13,7 +13,7 @@ from sqlrl.prompts import (
     quote_identifier,
     serialize_schema,
 )
-from sqlrl.spider import database_path, load_schemas
+from sqlrl.data.spider import database_path, load_schemas
 
 
 @pytest.fixture(scope="module")
@@ -117,9 +117,9 @@ def test_prompts_render_as_qwen25_sees_them_and_the_scratch_model_matches():
     """The rendered prompt is Qwen2.5's ChatML (its real tokenizer, offline), ending in the
     assistant header the model continues; the from-scratch model's template renders the same
     text, so both profiles train and serve on one prompt format."""
-    from sqlrl.modeling import to_transformers_tokenizer, train_tokenizer
-    from sqlrl.prompts import render_prompt
-    from sqlrl.qwen_tokenizer import build_qwen25_tokenizer
+    from sqlrl.data.prompts import render_prompt
+    from sqlrl.model.modeling import to_transformers_tokenizer, train_tokenizer
+    from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer
 
     messages = build_messages("t | a", "Q?", "S")
     qwen = render_prompt(build_qwen25_tokenizer(), messages)

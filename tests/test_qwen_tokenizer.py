@@ -10,8 +10,8 @@ import unicodedata
 
 import pytest
 
-from sqlrl.modeling import QWEN2_PRETOKENIZE_REGEX
-from sqlrl.qwen_tokenizer import build_qwen25_tokenizer, ranks_file, save_qwen25_tokenizer
+from sqlrl.model.modeling import QWEN2_PRETOKENIZE_REGEX
+from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer, ranks_file, save_qwen25_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from sqlrl.report import build_report, flipped_questions
+from sqlrl.eval.report import build_report, flipped_questions
 from tests.repo_tools import run_cli
 
 GIT = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sqlrl.executor import ExecLimits
 from sqlrl.paths import REPO_ROOT
-from sqlrl.rewards import execution_reward, make_execution_reward, make_rewards, syntax_reward
+from sqlrl.sql.executor import ExecLimits
+from sqlrl.train.rewards import execution_reward, make_execution_reward, make_rewards, syntax_reward
 
 GOLD = "SELECT name FROM singer WHERE age > 40"
 SLOW = (
@@ -206,7 +206,7 @@ def test_parallel_scoring_agrees_with_inline_scoring(relative_db, spider_dir, ba
 
 
 def test_a_failing_worker_pool_does_not_fail_the_batch(relative_db, monkeypatch):
-    import sqlrl.rewards as rewards_module
+    import sqlrl.train.rewards as rewards_module
 
     def broken_worker(chunk):
         raise RuntimeError("worker died")
@@ -220,7 +220,7 @@ def test_a_failing_worker_pool_does_not_fail_the_batch(relative_db, monkeypatch)
 
 def test_with_schema_repair_the_repaired_sql_is_rewarded(spider_dir, relative_db, caplog):
     """grpo.schema_repair: a memorised table name is judged after mapping onto the schema."""
-    from sqlrl.spider import load_schemas
+    from sqlrl.data.spider import load_schemas
 
     execution, syntax = make_rewards(
         ExecLimits(timeout_s=0.5), workers=1, schemas=load_schemas(spider_dir / "tables.json")
@@ -297,7 +297,7 @@ def test_one_odd_completion_does_not_zero_the_batch(rewards, relative_db):
 
 
 def test_a_failing_extraction_scores_only_its_completion_zero(rewards, relative_db, monkeypatch):
-    import sqlrl.rewards as rewards_module
+    import sqlrl.train.rewards as rewards_module
 
     real = rewards_module.extract_sql
     monkeypatch.setattr(rewards_module, "extract_sql", lambda c: real(c) if c != "boom" else 1 / 0)

@@ -1,13 +1,13 @@
-"""Schema repair (sqlrl/schema_repair.py) on real Spider schemas and databases."""
+"""Schema repair (sqlrl/sql/schema_repair.py) on real Spider schemas and databases."""
 
 from __future__ import annotations
 
 import pytest
 
-from sqlrl.evaluate import evaluate_split
-from sqlrl.executor import SQLExecutor
-from sqlrl.schema_repair import repair_sql
-from sqlrl.spider import database_path, load_schemas
+from sqlrl.data.spider import database_path, load_schemas
+from sqlrl.eval.evaluate import evaluate_split
+from sqlrl.sql.executor import SQLExecutor
+from sqlrl.sql.schema_repair import repair_sql
 
 
 @pytest.fixture(scope="module")

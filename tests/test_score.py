@@ -9,8 +9,8 @@ import time
 
 import pytest
 
+from sqlrl.eval.score import main, read_gold, score_predictions
 from sqlrl.paths import REPO_ROOT
-from sqlrl.score import main, read_gold, score_predictions
 
 
 @pytest.fixture(scope="module")
@@ -123,7 +123,7 @@ def test_wrong_and_broken_predictions_are_counted(spider_dir, dev_gold):
         "SELECT count(*) FROM r"
     )  # never ends
     preds[3] = ""  # nothing generated
-    from sqlrl.executor import ExecLimits
+    from sqlrl.sql.executor import ExecLimits
 
     report = score_predictions(
         gold,
@@ -185,7 +185,7 @@ def test_mismatched_line_counts_exit_2_naming_both_files(spider_dir, tmp_path):
         [
             sys.executable,
             "-m",
-            "sqlrl.score",
+            "sqlrl.eval.score",
             "--gold",
             str(gold),
             "--pred",
@@ -261,7 +261,7 @@ def run_score(spider_dir, gold, pred, out, *extra):
         [
             sys.executable,
             "-m",
-            "sqlrl.score",
+            "sqlrl.eval.score",
             "--gold",
             str(gold),
             "--pred",

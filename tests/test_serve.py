@@ -25,8 +25,8 @@ import pytest
 import torch
 from fastapi.testclient import TestClient  # a hard dependency: never skip these tests
 
+from sqlrl.data.prompt_settings import PromptSettingsError, write_prompt_settings
 from sqlrl.paths import SPIDER_DIR
-from sqlrl.prompt_settings import PromptSettingsError, write_prompt_settings
 from sqlrl.serve import PromptSettings, ServeConfig, create_app, schema_from_ddl
 from sqlrl.serve.backends import BackendOptions, BatchingBackend, Busy, make_backend
 from sqlrl.serve.prompting import PromptBuilder
@@ -78,9 +78,9 @@ def _save_prompt_settings(model_dir, settings: PromptSettings) -> None:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A tiny model trained until it answers PAIRS exactly (greedy), saved like models/final."""
-    from sqlrl.modeling import build_scratch_model, to_transformers_tokenizer, train_tokenizer
+    from sqlrl.data.prompts import render_prompt
+    from sqlrl.model.modeling import build_scratch_model, to_transformers_tokenizer, train_tokenizer
     from sqlrl.params import ArchitectureParams
-    from sqlrl.prompts import render_prompt
 
     builder = PromptBuilder(SETTINGS, SPIDER_DIR)
     messages = [builder.messages(q, db_id="concert_singer") for q, _ in PAIRS]
@@ -407,7 +407,7 @@ class _ScriptedGenerator:
 
 @pytest.fixture(scope="module")
 def tokenizer(trained):
-    from sqlrl.modeling import load_tokenizer
+    from sqlrl.model.modeling import load_tokenizer
 
     return load_tokenizer(trained)
 
@@ -955,7 +955,7 @@ def penalised(tmp_path_factory, tokenizer):
     repetition penalty, as Qwen2.5 instruct checkpoints do."""
     from transformers import GenerationConfig
 
-    from sqlrl.modeling import build_scratch_model
+    from sqlrl.model.modeling import build_scratch_model
     from sqlrl.params import ArchitectureParams
 
     arch = ArchitectureParams(
@@ -1008,9 +1008,9 @@ def _argmax_decode(model, ids: list[int], steps: int, stops, penalty: float = 1.
 
 
 def test_greedy_is_plain_argmax_whatever_the_checkpoint_asks_for(penalised):
-    from sqlrl.generate import stop_token_ids
-    from sqlrl.modeling import load_model_and_tokenizer
-    from sqlrl.prompts import render_prompt
+    from sqlrl.data.prompts import render_prompt
+    from sqlrl.model.generate import stop_token_ids
+    from sqlrl.model.modeling import load_model_and_tokenizer
 
     schema = "singer | Singer_ID, Name, Age"
     with TestClient(create_app(_config(penalised, max_new_tokens=16))) as c:

@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from sqlrl.modeling import build_base
+from sqlrl.model.modeling import build_base
 from sqlrl.params import ArchitectureParams, load_params
-from sqlrl.sft import load_sft_dataset, train_sft
+from sqlrl.train.sft import load_sft_dataset, train_sft
 
 ARCH = ArchitectureParams(
     hidden_size=32,
@@ -210,7 +210,7 @@ def test_prompt_loss_weight_out_of_range_is_refused(weight):
 def test_rows_longer_than_max_length_fail_loudly_instead_of_vanishing(base_dir):
     """TRL cuts rows past max_length and drops those whose answer is gone; here that is an
     error that says how many rows and what to change, and nothing is written."""
-    from sqlrl.sft import SftDataError
+    from sqlrl.train.sft import SftDataError
 
     out = base_dir / "out_too_long"
     with pytest.raises(SftDataError, match=r"24 of 24 SFT rows do not fit sft.max_length=16"):
@@ -271,8 +271,8 @@ def test_weighted_loss_at_weight_one_is_trls_loss_with_the_same_gradients(
     from transformers import TrainerCallback
     from trl import SFTTrainer
 
-    from sqlrl.modeling import load_model_and_tokenizer
-    from sqlrl.sft import _weighted_loss_trainer_class, sft_config
+    from sqlrl.model.modeling import load_model_and_tokenizer
+    from sqlrl.train.sft import _weighted_loss_trainer_class, sft_config
 
     class Gradients(TrainerCallback):
         def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):

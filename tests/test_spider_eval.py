@@ -1,4 +1,4 @@
-"""Conformance of sqlrl.spider_eval with Spider's official evaluation.py / process_sql.py.
+"""Conformance of sqlrl.eval.spider_eval with Spider's official evaluation.py / process_sql.py.
 
 Oracles, strongest first:
 * dev.json carries the official parser's output (`sql`) for every gold query: our parse
@@ -18,8 +18,8 @@ from collections import Counter
 
 import pytest
 
-from sqlrl.spider_eval import SpiderParseError, exact_match, hardness, parse_sql
-from sqlrl.spider_eval.schema import schema_index
+from sqlrl.eval.spider_eval import SpiderParseError, exact_match, hardness, parse_sql
+from sqlrl.eval.spider_eval.schema import schema_index
 
 
 @pytest.fixture(scope="module")

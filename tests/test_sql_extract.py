@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from sqlrl.sql_extract import completion_text, extract_sql
+from sqlrl.sql.extract import completion_text, extract_sql
 
 QUERY = "SELECT name FROM singer WHERE age > 20"
 

@@ -8,7 +8,7 @@ optional "execute" (db_id only: rows from the read-only executor), "max_new_toke
 "temperature", "num_samples" (execution-based voting when executing), "seed", "max_rows".
 `GET /health`, `GET /v1/models`, `GET /databases`.
 
-Prompts are built by sqlrl.prompts with the prompt settings saved in the model folder
+Prompts are built by sqlrl.data.prompts with the prompt settings saved in the model folder
 (sqlrl_prompt.json, written by the sft stage), never the workspace's params.yaml; flags override
 them one by one.
 Backends: vLLM when installed (AsyncLLMEngine, else LLM), transformers otherwise, with an

@@ -1,6 +1,6 @@
 """Generation backends for the server: vLLM where installed, transformers otherwise.
 
-- `BatchingBackend` wraps any `sqlrl.generate.Generator` (HFGenerator, VLLMGenerator, a test
+- `BatchingBackend` wraps any `sqlrl.model.generate.Generator` (HFGenerator, VLLMGenerator, a test
   double). An asyncio micro-batcher collects concurrent requests for `batch_wait_s` (or until
   `max_batch_size`), groups them by sampling settings, and runs each group as one batched call
   in a single worker thread, so the event loop keeps serving while the model runs.
@@ -8,7 +8,7 @@
   generate() streams by default, and with n > 1 each streamed output carries only the samples
   that changed, so requests ask for the final output only and collect samples by index.
 
-Decoding is explicit in every backend (sqlrl.generate): greedy is argmax, sampling is plain
+Decoding is explicit in every backend (sqlrl.model.generate): greedy is argmax, sampling is plain
 temperature sampling; nothing comes from the model's generation_config.json. The context
 limit is the engine's (vLLM's max_model_len) or the model config's, so an over-long prompt
 is refused (413) before it reaches the model.
@@ -263,11 +263,11 @@ class AsyncVLLMBackend:
         return {"engine": "AsyncLLMEngine", "requests": self.requests}
 
     def sampling_params(self, n: int, temperature: float, max_new_tokens: int, seed: int):
-        """Every decoding field explicit (sqlrl.generate.vllm_sampling_settings), and the
+        """Every decoding field explicit (sqlrl.model.generate.vllm_sampling_settings), and the
         final output only: the default (CUMULATIVE) streams one sample per output."""
         from vllm.sampling_params import RequestOutputKind
 
-        from sqlrl.generate import vllm_sampling_settings
+        from sqlrl.model.generate import vllm_sampling_settings
 
         return self._vllm.SamplingParams(
             **vllm_sampling_settings(n, temperature, max_new_tokens, self.stop_ids, seed),
@@ -336,8 +336,8 @@ def engine_context_length(engine) -> int:
 def _load_vllm(model_dir: str | Path, opts: BackendOptions):
     import vllm
 
-    from sqlrl.generate import VLLM_ENGINE_SETTINGS, VLLMGenerator, stop_token_ids
-    from sqlrl.modeling import load_tokenizer, model_location, read_base_record
+    from sqlrl.model.generate import VLLM_ENGINE_SETTINGS, VLLMGenerator, stop_token_ids
+    from sqlrl.model.modeling import load_tokenizer, model_location, read_base_record
 
     tokenizer = load_tokenizer(model_dir)
     path, _ = model_location(model_dir)
@@ -372,9 +372,9 @@ def _load_vllm(model_dir: str | Path, opts: BackendOptions):
 def _load_transformers(model_dir: str | Path, opts: BackendOptions):
     import torch
 
-    from sqlrl.generate import HFGenerator
     from sqlrl.hardware import set_torch_threads
-    from sqlrl.modeling import load_model_and_tokenizer
+    from sqlrl.model.generate import HFGenerator
+    from sqlrl.model.modeling import load_model_and_tokenizer
 
     set_torch_threads(opts.torch_threads)
     model, tokenizer = load_model_and_tokenizer(model_dir, dtype=opts.dtype)
@@ -401,7 +401,7 @@ def _load_transformers(model_dir: str | Path, opts: BackendOptions):
 
 def make_backend(model_dir: str | Path, opts: BackendOptions):
     """The backend for `model_dir`: vLLM if asked for (or auto) and usable, else transformers."""
-    from sqlrl.generate import vllm_available
+    from sqlrl.model.generate import vllm_available
 
     if opts.backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {opts.backend!r}")

@@ -151,7 +151,7 @@ def uvicorn_config(
 def main(argv=None) -> int:
     import uvicorn
 
-    from sqlrl.prompt_settings import PromptSettingsError
+    from sqlrl.data.prompt_settings import PromptSettingsError
     from sqlrl.serve.service import create_app
 
     args = build_parser().parse_args(argv)

@@ -1,11 +1,11 @@
-"""Served prompts, built exactly as training built them (sqlrl.prompts + the prompt settings
+"""Served prompts, built exactly as training built them (sqlrl.data.prompts + the prompt settings
 saved with the model, sqlrl_prompt.json).
 
 Three ways a request names its schema:
 - `schema_str`: schema text already serialised by the caller; used as it is.
 - `db_id`: a database of the server's Spider directory; the schema comes from tables.json and
-  is serialised by `sqlrl.prepare.PromptFactory`, the class that wrote the training prompts.
-- `ddl`: CREATE TABLE statements, parsed with sqlglot into `sqlrl.spider.Schema` and serialised
+  is serialised by `sqlrl.data.prepare.PromptFactory`, the class that wrote the training prompts.
+- `ddl`: CREATE TABLE statements, parsed with sqlglot into `sqlrl.data.spider.Schema` and serialised
   in the configured format, so a compact-format model sees `table | col, col | ...` as trained.
 
 With `prepare.mark_schema_mentions`, the question gets the same "Schema mentions" suffix as in
@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlrl.spider import Column, ForeignKey, Schema, Table
+from sqlrl.data.spider import Column, ForeignKey, Schema, Table
 
 log = logging.getLogger("sqlrl.serve")
 DB_ID_PATTERN = re.compile(r"[A-Za-z0-9_]{1,128}")
@@ -59,7 +59,7 @@ class PromptSettings:
 
         Never params.yaml: the workspace may hold another profile than the one the model was
         trained with. With every field overridden the folder needs no settings file."""
-        from sqlrl.prompt_settings import FIELDS, read_prompt_settings
+        from sqlrl.data.prompt_settings import FIELDS, read_prompt_settings
 
         values = {k: v for k, v in overrides.items() if v is not None}
         unknown = set(values) - set(FIELDS)
@@ -184,10 +184,10 @@ def schema_from_ddl(ddl: str, db_id: str = "ddl") -> Schema:
 
 
 class PromptBuilder:
-    """Chat messages for a request, the way `sqlrl.prepare` made the training prompts."""
+    """Chat messages for a request, the way `sqlrl.data.prepare` made the training prompts."""
 
     def __init__(self, settings: PromptSettings, spider_dir: str | Path | None):
-        from sqlrl.spider import SpiderDataError, load_schemas
+        from sqlrl.data.spider import SpiderDataError, load_schemas
 
         self.settings = settings
         self.spider_dir = Path(spider_dir) if spider_dir else None
@@ -203,8 +203,8 @@ class PromptBuilder:
                 self.spider_error = "the server's Spider directory is unusable (see its log)"
         self._factory = None
         if self.schemas:
+            from sqlrl.data.prepare import PromptFactory
             from sqlrl.params import AugmentParams, PrepareParams
-            from sqlrl.prepare import PromptFactory
 
             prepare = PrepareParams(
                 schema_format=settings.schema_format,
@@ -222,7 +222,7 @@ class PromptBuilder:
 
     # ------------------------------------------------------------------ databases
     def db_path(self, db_id: str) -> Path:
-        from sqlrl.spider import database_path
+        from sqlrl.data.spider import database_path
 
         return database_path(self.spider_dir, db_id)
 
@@ -280,9 +280,9 @@ class PromptBuilder:
         db_id: str | None = None,
         ddl: str | None = None,
     ) -> list[dict]:
-        from sqlrl.augment import mark_question
-        from sqlrl.prompts import build_messages, serialize_schema
-        from sqlrl.spider import Example
+        from sqlrl.data.augment import mark_question
+        from sqlrl.data.prompts import build_messages, serialize_schema
+        from sqlrl.data.spider import Example
 
         s = self.settings
         try:

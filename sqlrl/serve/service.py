@@ -34,8 +34,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.requests import ClientDisconnect
 
+from sqlrl.data.prompt_settings import PromptSettingsError
 from sqlrl.paths import SPIDER_DIR
-from sqlrl.prompt_settings import PromptSettingsError
 from sqlrl.serve.backends import BackendOptions, Busy, NotReady, make_backend
 from sqlrl.serve.prompting import InputError, PromptBuilder, PromptSettings
 
@@ -258,7 +258,7 @@ class Service:
         log.info("serve: %s backend ready for %s", self.backend.name, self.config.model)
 
     async def _warmup(self) -> None:
-        from sqlrl.prompts import build_messages, render_prompt
+        from sqlrl.data.prompts import build_messages, render_prompt
 
         messages = build_messages("t | c", "warm up", self.settings.system_prompt)
         prompt = render_prompt(self.backend.tokenizer, messages)
@@ -348,7 +348,7 @@ class Service:
             )
         except InputError as exc:
             raise HTTPError(exc.status, str(exc)) from None
-        from sqlrl.prompts import render_prompt
+        from sqlrl.data.prompts import render_prompt
 
         return render_prompt(self.backend.tokenizer, messages), db_path
 
@@ -371,7 +371,7 @@ class Service:
 
     def repaired(self, req: GenerateRequest, sqls: list[str]) -> list[str]:
         """Schema repair (eval.schema_repair) where the request's schema is known."""
-        from sqlrl.schema_repair import repair_sql
+        from sqlrl.sql.schema_repair import repair_sql
 
         schema = self.prompts.schema(db_id=req.db_id, ddl=req.ddl)
         if schema is None:
@@ -379,7 +379,7 @@ class Service:
         return [repair_sql(sql, schema, req.question) for sql in sqls]
 
     async def generate(self, req: GenerateRequest) -> dict:
-        from sqlrl.sql_extract import extract_sql
+        from sqlrl.sql.extract import extract_sql
 
         opts, prompt, db_path, n_tokens = await self.off_loop(self.prepare, req)
         t0 = time.perf_counter()
@@ -417,7 +417,7 @@ class Service:
         if db_path is not None:
             verdicts = await asyncio.to_thread(self._execute_all, db_path, sqls, opts["max_rows"])
             if len(sqls) > 1:
-                from sqlrl.evaluate import vote
+                from sqlrl.eval.voting import vote
 
                 chosen, votes = vote(verdicts)
                 out.update(votes=votes, vote="execution")
@@ -467,7 +467,7 @@ class Service:
             task.cancel()
 
     def _execute_all(self, db_path: Path, sqls: list[str], max_rows: int):
-        from sqlrl.executor import ExecLimits, default_executor
+        from sqlrl.sql.executor import ExecLimits, default_executor
 
         executor = default_executor(ExecLimits(timeout_s=self.config.exec_timeout_s))
         return [executor.execute(db_path, sql, stop_after=max_rows) for sql in sqls]

@@ -28,12 +28,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 
-from sqlrl.equality import normalize_sql, order_matters, results_match  # noqa: E402
-from sqlrl.executor import ExecLimits  # noqa: E402
+from sqlrl.eval.score import read_gold, score_predictions  # noqa: E402
 from sqlrl.paths import SPIDER_DIR, relative_to_root, resolve  # noqa: E402
-from sqlrl.rewards import default_workers, make_execution_reward  # noqa: E402
-from sqlrl.score import read_gold, score_predictions  # noqa: E402
-from sqlrl.sql_extract import extract_sql  # noqa: E402
+from sqlrl.sql.equality import normalize_sql, order_matters, results_match  # noqa: E402
+from sqlrl.sql.executor import ExecLimits  # noqa: E402
+from sqlrl.sql.extract import extract_sql  # noqa: E402
+from sqlrl.sql.judge import default_workers  # noqa: E402
+from sqlrl.train.rewards import make_execution_reward  # noqa: E402
 
 
 def db_path(db_id: str) -> Path:

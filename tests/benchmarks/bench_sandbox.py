@@ -5,7 +5,7 @@
 Each query of ADVERSARIAL runs in a fresh process (so peak memory is its own) on
 concert_singer, with `--timeout` as the limit; the table shows the verdict, the wall time of
 the query, how far it ran past the limit, and the process's peak RSS growth. The executor's
-bound (sqlrl/executor.py) is the limit plus a fraction of a second and 256 MB per query.
+bound (sqlrl/sql/executor.py) is the limit plus a fraction of a second and 256 MB per query.
 Run it by hand: it takes about a minute, mostly waiting out the limit.
 """
 
@@ -128,7 +128,7 @@ ADVERSARIAL = {
 CHILD = r"""
 import json, resource, sys, time
 sys.path.insert(0, {root!r})
-from sqlrl.executor import ExecLimits, SQLExecutor
+from sqlrl.sql.executor import ExecLimits, SQLExecutor
 executor = SQLExecutor(ExecLimits(timeout_s={timeout}))
 executor.execute({db!r}, "SELECT 1")
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -49,9 +49,9 @@ def pick_model(arg: str | None) -> Path:
 
 
 def default_profile_model(out: Path) -> Path:
-    from sqlrl.modeling import build_scratch
+    from sqlrl.data.prompt_settings import write_prompt_settings
+    from sqlrl.model.modeling import build_scratch
     from sqlrl.params import compose_params, params_from_dict
-    from sqlrl.prompt_settings import write_prompt_settings
 
     params = params_from_dict(compose_params("cpu"))
     build_scratch(params.base, params.seed, ROOT / "data/prepared/sft.jsonl", out)

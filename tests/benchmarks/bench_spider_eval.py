@@ -16,8 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from sqlrl.spider_eval import exact_match  # noqa: E402
-from sqlrl.spider_eval import parse as parse_module  # noqa: E402
+from sqlrl.eval.spider_eval import exact_match  # noqa: E402
+from sqlrl.eval.spider_eval import parse as parse_module  # noqa: E402
 
 
 def main() -> None:

@@ -5,7 +5,7 @@
 
 The queries: every Spider gold query (train_spider, train_others, dev) and every model query
 in data/predictions/*.jsonl (the scored prediction, the raw output's extracted SQL and the SQL
-before schema repair), each run by sqlrl.executor with the evaluation time limit. `compare`
+before schema repair), each run by sqlrl.sql.executor with the evaluation time limit. `compare`
 prints how many verdicts (status, rows, columns, error text) are identical, and each that is
 not. `save` also prints the largest VDBE program and result width among them.
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from sqlrl.executor import ExecLimits, SQLExecutor  # noqa: E402
-from sqlrl.sql_extract import extract_sql  # noqa: E402
+from sqlrl.sql.executor import ExecLimits, SQLExecutor  # noqa: E402
+from sqlrl.sql.extract import extract_sql  # noqa: E402
 
 SPIDER = ROOT / "data/raw/spider"
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from sqlrl.modeling import QWEN2_PRETOKENIZE_REGEX, qwen2_pre_tokenizer
+from sqlrl.model.modeling import QWEN2_PRETOKENIZE_REGEX, qwen2_pre_tokenizer
 
 ADDED_TOKENS = [
     "<|endoftext|>",

@@ -1,6 +1,6 @@
 """Spider 1.0 exact set match (without values) and difficulty, as the official tools define them.
 
-    from sqlrl.spider_eval import exact_match, hardness
+    from sqlrl.eval.spider_eval import exact_match, hardness
     exact_match(gold_sql, pred_sql, schema) -> bool   # schema: one raw tables.json entry
     hardness(sql, schema) -> "easy" | "medium" | "hard" | "extra"
 
@@ -12,9 +12,9 @@ hardness.py). Parses and schema indexes are cached, so scoring a split takes wel
 under a second.
 """
 
-from sqlrl.spider_eval.exact_match import exact_match
-from sqlrl.spider_eval.hardness import hardness
-from sqlrl.spider_eval.lexer import SpiderParseError
-from sqlrl.spider_eval.parse import parse_sql
+from sqlrl.eval.spider_eval.exact_match import exact_match
+from sqlrl.eval.spider_eval.hardness import hardness
+from sqlrl.eval.spider_eval.lexer import SpiderParseError
+from sqlrl.eval.spider_eval.parse import parse_sql
 
 __all__ = ["SpiderParseError", "exact_match", "hardness", "parse_sql"]

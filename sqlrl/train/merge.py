@@ -10,8 +10,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from sqlrl.modeling import load_model_and_tokenizer, saved_dtype
-from sqlrl.prompt_settings import PROMPT_SETTINGS_FILE
+from sqlrl.data.prompt_settings import PROMPT_SETTINGS_FILE
+from sqlrl.model.modeling import load_model_and_tokenizer, saved_dtype
 
 
 def merge_adapter(sft_dir: str | Path, adapter_dir: str | Path, out_dir: str | Path) -> dict:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from sqlrl.errors import PipelineError
 from sqlrl.hardware import resolve_bf16, set_torch_threads
-from sqlrl.modeling import load_model_and_tokenizer, n_parameters, saved_dtype
+from sqlrl.model.modeling import load_model_and_tokenizer, n_parameters, saved_dtype
 from sqlrl.params import SftParams
 from sqlrl.progress import trainer_progress
 
@@ -280,7 +280,7 @@ def train_sft(
     from transformers import set_seed
     from transformers.integrations import DVCLiveCallback
 
-    from sqlrl.launch import is_main_process, wait_for_everyone, world_size
+    from sqlrl.train.launch import is_main_process, wait_for_everyone, world_size
 
     threads = set_torch_threads(torch_threads)
     set_seed(seed)

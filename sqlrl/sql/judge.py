@@ -1,16 +1,11 @@
-"""The execution reward for GRPO, usable directly as a TRL `GRPOTrainer` reward function.
+"""The EX judge: run the gold and the predicted SQL on the same database and compare results.
 
-`execution_reward(completions, db_path, gold_sql, **kwargs)` gives 1.0 when the SQL extracted
-from a completion returns the gold result (sqlrl.equality semantics), else 0.0, and None when
-the example's database file is absent: TRL reads None as "not scorable" (the sample gets no
-advantage) instead of a silent 0. `syntax_reward` gives 1.0 to SQL that executes; weight it in
-with grpo.reward_weights.syntax (e.g. 0.1). Neither ever raises.
-
-A batch is judged in a persistent pool of worker processes, each with its own read-only
-connections and gold cache. Identical (database, gold, prediction) items in a batch are judged
-once, and items are handed out grouped by database so connections and gold results are reused.
-Processes, not threads: SQLite releases the GIL while stepping, but the time-limit handler and
-fetching and comparing rows are Python, so threads contend (see benchmarks/bench_reward.py).
+One `Judge` per process; `JudgePool` judges batches in persistent worker processes, each with
+its own read-only connections and gold cache. Identical (database, gold, prediction) items in
+a batch are judged once, and items are handed out grouped by database so connections and gold
+results are reused. Processes, not threads: SQLite releases the GIL while stepping, but the
+time-limit handler and fetching and comparing rows are Python, so threads contend (see
+tests/benchmarks/bench_reward.py). Evaluation, scoring and the GRPO reward all judge here.
 """
 
 from __future__ import annotations
@@ -18,7 +13,6 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing
-import os
 import threading
 import zlib
 from collections import Counter, OrderedDict
@@ -26,10 +20,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
-from sqlrl.equality import normalize_sql, order_matters, results_match
-from sqlrl.executor import ExecLimits, SQLExecutor
-from sqlrl.paths import resolve
-from sqlrl.sql_extract import extract_sql
+from sqlrl.sql.equality import normalize_sql, order_matters, results_match
+from sqlrl.sql.executor import ExecLimits, SQLExecutor
 
 log = logging.getLogger(__name__)
 
@@ -271,158 +263,3 @@ def _chunks(items: list[Item], workers: int) -> list[list[Item]]:
             chunks.append([])
         chunks[-1].extend(group)
     return chunks
-
-
-def _column(values, n: int) -> list:
-    """A dataset column as a list of n values; a single value stands for all n."""
-    if isinstance(values, (str, os.PathLike)) or not isinstance(values, Sequence):
-        return [values] * n
-    return list(values)
-
-
-def _items(completions, db_path, gold_sql, repair=None) -> list[Item]:
-    """(database, gold, predicted SQL) per completion; `repair(i, sql)` rewrites the SQL."""
-    n = len(completions)
-    paths, golds = _column(db_path, n), _column(gold_sql, n)
-    if len(paths) != n or len(golds) != n:
-        raise ValueError(f"{n} completions but {len(paths)} db_path and {len(golds)} gold_sql")
-    absolute: dict = {}  # a batch repeats each path num_generations times
-    for p in paths:
-        if p not in absolute:
-            absolute[p] = str(resolve(p))
-    sqls = [_each(extract_sql, c) for c in completions]
-    if repair is not None:
-        sqls = [_each(repair, i, sql) for i, sql in enumerate(sqls)]
-    return [(absolute[p], g, s) for s, p, g in zip(sqls, paths, golds, strict=False)]
-
-
-def _each(fn, *args) -> str:
-    """fn(*args) for one completion; if it fails, that completion's SQL is empty (it scores
-    0) rather than the batch failing, which would score every completion in it 0."""
-    try:
-        return fn(*args)
-    except Exception as exc:
-        log.warning(
-            "reward: %s failed on one completion: %s: %s",
-            getattr(fn, "__name__", fn),
-            type(exc).__name__,
-            exc,
-        )
-        return ""
-
-
-def _schema_repairer(schemas: dict, n: int, kwargs: dict):
-    """repair(i, sql) for a batch, from its db_id and question columns."""
-    from sqlrl.schema_repair import repairer
-
-    if kwargs.get("db_id") is None or kwargs.get("question") is None:
-        raise ValueError("schema repair needs the db_id and question columns")
-    return repairer(schemas, _column(kwargs["db_id"], n), _column(kwargs["question"], n))
-
-
-class _Rewards:
-    """The state shared by one pair of reward functions: the pool and running counts."""
-
-    def __init__(self, pool: JudgePool, schemas: dict | None = None):
-        self.pool = pool
-        self.schemas = schemas  # db_id -> Schema: reward the schema-repaired SQL
-        self.stats: Counter = Counter()  # judgement statuses over all execution_reward calls
-        self._warned: set[str] = set()
-
-    def judge(self, completions, db_path, gold_sql, kwargs: dict) -> list[Judgement] | None:
-        """Judgements for a batch, or None when the batch itself is unusable (logged)."""
-        try:
-            repair = (
-                _schema_repairer(self.schemas, len(completions), kwargs) if self.schemas else None
-            )
-            return self.pool.judge_many(_items(completions, db_path, gold_sql, repair))
-        except Exception as exc:
-            log.error("reward batch could not be judged: %s: %s", type(exc).__name__, exc)
-            return None
-
-    def record(self, judgements: list[Judgement], log_metric) -> None:
-        """Count statuses, warn once per absent database, and log shares to the trainer."""
-        batch = Counter(j.status for j in judgements)
-        self.stats.update(batch)
-        for j in judgements:
-            if j.status == "skipped" and j.error not in self._warned:
-                self._warned.add(j.error)
-                log.warning("execution reward: %s (reward None: not scorable)", j.error)
-        if callable(log_metric) and judgements:
-            for status in ("error", "timeout", "skipped"):
-                try:
-                    log_metric(f"execution/{status}_frac", batch[status] / len(judgements))
-                except Exception:
-                    pass
-
-
-def _count(completions) -> int:
-    try:
-        return len(completions)
-    except TypeError:
-        return 0
-
-
-def make_rewards(
-    limits: ExecLimits | None = None,
-    workers: int | None = None,
-    keep_distinct: bool = False,
-    backend: str = "process",
-    schemas: dict | None = None,
-    executable_credit: float = 0.0,
-):
-    """(execution_reward, syntax_reward) sharing one judge pool; see the module docstring.
-    With `schemas` (db_id -> Schema), the SQL is schema-repaired before it is judged, using
-    the batch's db_id and question columns (grpo.schema_repair). `executable_credit` is the
-    execution reward of SQL that runs but returns the wrong result (Arctic-Text2SQL-R1: 0.1)."""
-    if not 0.0 <= executable_credit < 1.0:
-        raise ValueError(f"executable_credit must be in [0, 1), got {executable_credit}")
-    state = _Rewards(JudgePool(limits, workers, keep_distinct, backend, shortcuts=True), schemas)
-
-    def execution_reward(completions, db_path, gold_sql, **kwargs) -> list[float | None]:
-        """1.0 if the completion's SQL returns the gold result, `executable_credit` if it
-        runs, else 0.0; None if the database is absent."""
-        judgements = state.judge(completions, db_path, gold_sql, kwargs)
-        if judgements is None:
-            return [0.0] * _count(completions)
-        state.record(judgements, kwargs.get("log_metric"))
-        return [
-            None
-            if j.status == "skipped"
-            else 1.0
-            if j.match
-            else executable_credit
-            if j.pred_status == "ok"
-            else 0.0
-            for j in judgements
-        ]
-
-    def syntax_reward(completions, db_path, gold_sql=None, **kwargs) -> list[float | None]:
-        """1.0 if the completion's SQL executes (any result), 0.0 if not, None if the
-        database is absent."""
-        judgements = state.judge(completions, db_path, "" if gold_sql is None else gold_sql, kwargs)
-        if judgements is None:
-            return [0.0] * _count(completions)
-        return [
-            None if "skipped" in (j.pred_status, j.gold_status) else float(j.pred_status == "ok")
-            for j in judgements
-        ]
-
-    for fn in (execution_reward, syntax_reward):
-        fn.pool = state.pool
-        fn.stats = state.stats
-    return execution_reward, syntax_reward
-
-
-def make_execution_reward(
-    limits: ExecLimits | None = None,
-    workers: int | None = None,
-    keep_distinct: bool = False,
-    backend: str = "process",
-):
-    """An `execution_reward` with its own limits and pool (TRL logs it as execution_reward)."""
-    return make_rewards(limits, workers, keep_distinct, backend)[0]
-
-
-# Module-level defaults (5 s limit, one pool started on first use), for TRL and scripts.
-execution_reward, syntax_reward = make_rewards()

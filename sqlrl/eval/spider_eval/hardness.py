@@ -18,7 +18,7 @@ connectors, i.e. at least two predicates.
 
 from __future__ import annotations
 
-from sqlrl.spider_eval.parse import WHERE_OPS, parse_sql
+from sqlrl.eval.spider_eval.parse import WHERE_OPS, parse_sql
 
 LIKE = WHERE_OPS.index("like")
 

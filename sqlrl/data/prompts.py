@@ -14,7 +14,7 @@ import re
 import sqlite3
 from pathlib import Path
 
-from sqlrl.spider import Schema, Table
+from sqlrl.data.spider import Schema, Table
 
 _PLAIN_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SAMPLE_VALUE_CHARS = 40

@@ -5,7 +5,7 @@ Why: a small model trained from scratch learns SQL structure but writes table an
 memorised from the training databases; on a new database such a query can only fail ("no such
 table"). Repair keeps the model's query and swaps each unknown name for the most likely real
 one: a near-identical spelling first (ages -> Age), then a name the question mentions
-(`sqlrl.augment.schema_mentions`), then the most similar spelling (difflib). Constraining names
+(`sqlrl.data.augment.schema_mentions`), then the most similar spelling (difflib). Constraining names
 to the schema is what grammar-constrained decoders such as PICARD do during generation; this
 does it after, on the parsed query (sqlglot).
 
@@ -19,8 +19,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Callable, Sequence
 
-from sqlrl.augment import schema_mentions
-from sqlrl.spider import Schema, Table
+from sqlrl.data.augment import schema_mentions
+from sqlrl.data.spider import Schema, Table
 
 CLOSE = 0.8  # similarity of a spelling variant (ages/Age, singers/singer)
 CLOSE_BONUS = 2.0  # a spelling variant of a real name is that name

@@ -470,7 +470,7 @@ def make_generator(
     """(generator, tokenizer) for `model_dir`: vLLM when `use_vllm` and vLLM is installed,
     else transformers, on the GPU when there is one, in the dtype the model was saved in (or
     its base record's). `setting` names the param in the warning when vLLM is missing."""
-    from sqlrl.modeling import load_model_and_tokenizer, load_tokenizer, model_location
+    from sqlrl.model.modeling import load_model_and_tokenizer, load_tokenizer, model_location
 
     if use_vllm and vllm_available():
         tokenizer = load_tokenizer(model_dir)
@@ -500,6 +500,6 @@ def make_generator(
 
 
 def _base_record(model_dir) -> dict:
-    from sqlrl.modeling import read_base_record
+    from sqlrl.model.modeling import read_base_record
 
     return read_base_record(model_dir) or {}

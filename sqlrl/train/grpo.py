@@ -1,10 +1,6 @@
 """GRPO with the execution reward: TRL's GRPOTrainer on the SFT model with a LoRA adapter.
 
-Prompt selection (what published text-to-SQL RL found useful), before training:
-- drop prompts whose gold result is empty (every wrong query that returns nothing would be
-  rewarded as right);
-- optionally keep only prompts the SFT model solves sometimes but not always (pass-rate filter):
-  a group whose samples all get the same reward has zero advantage and teaches nothing.
+The prompts come from the grpo_prompts stage (sqlrl/train/grpo_prompts.py).
 Rollouts use transformers generation, or vLLM where installed and asked for: colocated on the
 training GPUs, or a separate server (grpo.vllm_mode: server, checked before the model loads).
 The adapter is written to a temporary folder and renamed at the end, so an interrupted run
@@ -19,18 +15,16 @@ import dataclasses
 import functools
 import hashlib
 import json
-import random
 import shutil
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from sqlrl.hardware import resolve_bf16, set_torch_threads
 from sqlrl.params import GrpoParams
 from sqlrl.progress import trainer_progress
-from sqlrl.vllm_server import require_vllm, wait_for_server
+from sqlrl.train.vllm_server import require_vllm, wait_for_server
 
 DVCLIVE_DIR = "dvclive/grpo"
 PROMPTS_PATH = "data/grpo_prompts.jsonl"  # the grpo_prompts stage's output
@@ -38,106 +32,13 @@ ROW_KEYS = ("prompt", "gold_sql", "db_id", "question", "db_path")  # a GRPO row:
 CHECKPOINT_DIR = "checkpoints/grpo"  # git- and DVC-ignored; survives an interrupted stage
 
 
-@dataclass
-class SelectionStats:
-    candidates: int = 0
-    dropped_gold_error: int = 0
-    dropped_empty_gold: int = 0
-    pass_rate_pool: int = 0
-    dropped_always_solved: int = 0
-    dropped_never_solved: int = 0
-    kept: int = 0
-    pass_rates: list[float] = field(default_factory=list)
-
-    def as_metrics(self) -> dict:
-        out = {k: v for k, v in self.__dict__.items() if k != "pass_rates"}
-        if self.pass_rates:
-            out["pool_mean_pass_rate"] = round(statistics.fmean(self.pass_rates), 4)
-        return out
-
-
-def drop_empty_gold(rows: list[dict], executor, stats: SelectionStats) -> list[dict]:
-    """Rows whose gold SQL runs and returns something other than nothing or only 0/NULL
-    (`sqlrl.rewards.trivial_result`): many wrong queries return that too, and would be
-    rewarded for it."""
-    from sqlrl.rewards import trivial_result
-
-    kept = []
-    for row in rows:
-        verdict = executor.execute_gold(row["db_path"], row["gold_sql"])
-        if verdict.status != "ok":
-            stats.dropped_gold_error += 1
-        elif trivial_result(verdict.rows):
-            stats.dropped_empty_gold += 1
-        else:
-            kept.append(row)
-    return kept
-
-
-def pass_rate_filter(
-    rows: list[dict], rates: list[float], min_rate: float, max_rate: float, stats: SelectionStats
-) -> list[dict]:
-    """Rows whose sampled pass rate lies in [min_rate, max_rate]."""
-    kept = []
-    for row, rate in zip(rows, rates, strict=False):
-        if rate > max_rate:
-            stats.dropped_always_solved += 1
-        elif rate < min_rate:
-            stats.dropped_never_solved += 1
-        else:
-            kept.append(row)
-    return kept
-
-
-def sampled_pass_rates(
-    rows: list[dict], generator, tokenizer, samples: int, temperature: float, seed: int, reward_fn
-) -> list[float]:
-    """Share of `samples` completions per prompt that the execution reward scores 1 (solved;
-    partial credit for a query that merely runs does not count)."""
-    from sqlrl.prompts import render_prompt
-
-    prompts = [render_prompt(tokenizer, row["prompt"]) for row in rows]
-    groups = generator.sample(prompts, samples, temperature, seed)
-    rates = []
-    for row, group in zip(rows, groups, strict=False):
-        columns = {k: [v] * len(group) for k, v in row.items() if k != "prompt"}
-        rewards = reward_fn(group, **columns)  # the row's columns, as TRL passes them
-        rates.append(sum(r == 1.0 for r in rewards) / len(rewards))
-    return rates
-
-
-def select_prompts(
-    rows: list[dict], params: GrpoParams, seed: int, executor, sample_pass_rates=None
-) -> tuple[list[dict], SelectionStats]:
-    """The GRPO training prompts, in a seeded order, and what the filters did.
-
-    `sample_pass_rates(rows) -> list[float]` measures the SFT model's pass rates; it is only
-    called when the pass-rate filter is on (grpo.pass_rate_filter.pool > 0).
-    """
-    stats = SelectionStats(candidates=len(rows))
-    rows = list(rows)
-    random.Random(seed).shuffle(rows)
-    if params.drop_empty_gold:
-        rows = drop_empty_gold(rows, executor, stats)
-    filt = params.pass_rate_filter
-    if filt.pool > 0:
-        pool = rows[: filt.pool]
-        stats.pass_rate_pool = len(pool)
-        stats.pass_rates = sample_pass_rates(pool)
-        rows = pass_rate_filter(pool, stats.pass_rates, filt.min_rate, filt.max_rate, stats)
-    stats.kept = len(rows)
-    if not rows:
-        raise ValueError(f"GRPO prompt selection kept no prompt: {stats.as_metrics()}")
-    return rows, stats
-
-
 def reward_functions(params: GrpoParams) -> list:
     """[execution, syntax] rewards as the profile configures them; the same in prompt selection
     and in training, so a prompt's pass rate is measured by the reward it is trained on."""
-    from sqlrl.executor import ExecLimits
+    from sqlrl.data.spider import load_schemas
     from sqlrl.paths import SPIDER_DIR
-    from sqlrl.rewards import make_rewards
-    from sqlrl.spider import load_schemas
+    from sqlrl.sql.executor import ExecLimits
+    from sqlrl.train.rewards import make_rewards
 
     schemas = load_schemas(SPIDER_DIR / "tables.json") if params.schema_repair else None
     return list(
@@ -180,7 +81,7 @@ def use_vllm(params: GrpoParams) -> bool:
     """grpo.use_vllm where vLLM is installed; otherwise transformers rollouts, with a warning
     (TRL would raise an ImportError from deep inside the trainer). Server mode without vLLM
     is an error instead: a server was started for this run and would sit unused."""
-    from sqlrl.generate import vllm_available
+    from sqlrl.model.generate import vllm_available
 
     if params.use_vllm and params.vllm_mode == "server":
         require_vllm(params.vllm_server_host, params.vllm_server_port)
@@ -275,9 +176,9 @@ def score_completions_only_on_cpu() -> bool:
 
 def share_prompt_prefill(model) -> None:
     """TRL's transformers rollouts hold each prompt num_generations times in a row: have the
-    model run each prompt once and copy its KV cache to the repeats (sqlrl.generate.
+    model run each prompt once and copy its KV cache to the repeats (sqlrl.model.generate.
     shared_prefix_generate): the same samples, ~1/num_generations of the prompt compute."""
-    from sqlrl.generate import shared_prefix_generate
+    from sqlrl.model.generate import shared_prefix_generate
 
     own_generate = model.generate
 
@@ -416,8 +317,8 @@ def train_grpo(
     from transformers import set_seed
     from trl import GRPOTrainer
 
-    from sqlrl.launch import is_main_process, wait_for_everyone
-    from sqlrl.modeling import load_model_and_tokenizer
+    from sqlrl.model.modeling import load_model_and_tokenizer
+    from sqlrl.train.launch import is_main_process, wait_for_everyone
 
     check_vllm_server(params)
     writer = is_main_process()  # the one process that deletes, writes and renames outputs

@@ -38,8 +38,8 @@ from functools import lru_cache
 import sqlglot
 from sqlglot import exp
 
-from sqlrl.spider_eval.lexer import SpiderParseError, check_tokens, mask_strings
-from sqlrl.spider_eval.schema import ALL_COLUMNS, SchemaIndex, schema_index, table_id
+from sqlrl.eval.spider_eval.lexer import SpiderParseError, check_tokens, mask_strings
+from sqlrl.eval.spider_eval.schema import ALL_COLUMNS, SchemaIndex, schema_index, table_id
 
 WHERE_OPS = ("not", "between", "=", ">", "<", ">=", "<=", "!=", "in", "like", "is", "exists")
 AGG_OPS = ("none", "max", "min", "count", "sum", "avg")

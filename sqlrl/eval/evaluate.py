@@ -7,8 +7,8 @@
 - Rows whose database is absent (`prompt` null) are not generated for: they are predictions
   with status "skipped", ex/em null, counted in `skipped` (never scored as wrong).
 - The model text goes through the shared `extract_sql`, then the shared scorer
-  (`sqlrl.score.score_predictions`: execution accuracy, exact match, hardness, verdicts).
-- Schema repair (`eval.schema_repair`, `sqlrl/schema_repair.py`): table and column names the
+  (`sqlrl.eval.score.score_predictions`: execution accuracy, exact match, hardness, verdicts).
+- Schema repair (`eval.schema_repair`, `sqlrl/sql/schema_repair.py`): table and column names the
   database lacks are mapped onto its own before scoring; the model's unrepaired SQL is kept
   in the prediction row as `before_repair`, and `repaired` counts the changed predictions.
 - Self-consistency (`eval.num_samples` > 1): N completions sampled per question at
@@ -34,67 +34,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sqlrl.errors import PipelineError
+from sqlrl.eval.voting import self_consistency
 from sqlrl.jsonio import read_jsonl
-from sqlrl.paths import SPIDER_DIR, resolve
+from sqlrl.paths import SPIDER_DIR
 
 PRIMARY_SPLIT = "dev"
 EVAL_ROW_KEYS = ("question", "gold", "db_id", "prompt")  # what prepare writes for a split
-
-
-# --------------------------------------------------------------------------- self-consistency
-
-
-def vote(verdicts) -> tuple[int, int]:
-    """(index of the chosen candidate, its votes) from the candidates' execution verdicts.
-
-    Candidates whose results are equal as EX judges results (sqlrl.equality: rows as a
-    multiset, columns in any order) form a group; the first member of the largest group wins,
-    the group seen first on ties. (0, 0) when no candidate ran.
-    """
-    from sqlrl.equality import results_match
-
-    groups: list[list[int]] = []
-    for i, verdict in enumerate(verdicts):
-        if verdict.status != "ok":
-            continue
-        for members in groups:
-            if results_match(verdicts[members[0]].rows, verdict.rows, ordered=False):
-                members.append(i)
-                break
-        else:
-            groups.append([i])
-    if not groups:
-        return 0, 0
-    best = max(groups, key=len)  # max keeps the first of equals: the group seen first
-    return best[0], len(best)
-
-
-def self_consistency(
-    samples: list[list[str]],
-    db_paths: list[str],
-    executor=None,
-    fix: Callable[[int, str], str] | None = None,
-) -> tuple[list[str], list[int], list[str]]:
-    """(chosen SQL, votes, chosen raw text) per question from N sampled texts each.
-    `fix(question index, sql)` rewrites each candidate before it runs (schema repair)."""
-    from sqlrl.executor import ExecLimits, SQLExecutor
-    from sqlrl.score import EVAL_TIMEOUT_S
-    from sqlrl.sql_extract import extract_sql
-
-    # a candidate runs under the limit its score will, so a vote never counts a query that
-    # scoring then times out (or drops one that scoring would have judged)
-    executor = executor or SQLExecutor(ExecLimits(timeout_s=EVAL_TIMEOUT_S))
-    chosen, votes, texts = [], [], []
-    for q, (candidates, db_path) in enumerate(zip(samples, db_paths, strict=True)):
-        sqls = [extract_sql(text) for text in candidates]
-        if fix is not None:
-            sqls = [fix(q, sql) for sql in sqls]
-        verdicts = [executor.execute(resolve(db_path), sql) for sql in sqls]
-        index, count = vote(verdicts)
-        chosen.append(sqls[index])
-        votes.append(count)
-        texts.append(candidates[index])
-    return chosen, votes, texts
 
 
 # --------------------------------------------------------------------------- one split
@@ -108,8 +53,8 @@ def check_gold_databases(rows: list[dict], items: list[dict], spider_dir: str | 
     """Raise DatabaseFileError when a gold query failed because its database file cannot be
     read (damaged, truncated, not SQLite): every question on it would score as wrong without a
     word. A gold query that fails on a readable database stays counted in `gold_failed`."""
-    from sqlrl.executor import SQLExecutor
-    from sqlrl.spider import database_path
+    from sqlrl.data.spider import database_path
+    from sqlrl.sql.executor import SQLExecutor
 
     failed = sorted(
         {row["db_id"] for row, item in zip(rows, items, strict=False) if item.get("gold_failed")}
@@ -138,15 +83,15 @@ def evaluate_split(
     workers: int | None = None,
 ) -> tuple[dict, list[dict]]:
     """Generate, extract, (repair,) score one split: (metrics, prediction rows in input order)."""
-    from sqlrl.score import score_predictions
-    from sqlrl.sql_extract import extract_sql
+    from sqlrl.eval.score import score_predictions
+    from sqlrl.sql.extract import extract_sql
 
     todo = [i for i, row in enumerate(rows) if row.get("prompt") and row.get("db_present", True)]
     prompts = [render(rows[i]["prompt"]) for i in todo]
     fix = None
     if schema_repair:
-        from sqlrl.schema_repair import repairer
-        from sqlrl.spider import load_schemas
+        from sqlrl.data.spider import load_schemas
+        from sqlrl.sql.schema_repair import repairer
 
         fix = repairer(
             load_schemas(Path(spider_dir) / "tables.json"),
@@ -297,8 +242,8 @@ def evaluate_model(
         for name, path in splits.items()
     }
     if generator is None and any(row.get("prompt") for rows in data.values() for row in rows):
-        from sqlrl.generate import make_generator
-        from sqlrl.prompts import render_prompt
+        from sqlrl.data.prompts import render_prompt
+        from sqlrl.model.generate import make_generator
 
         generator, tokenizer = make_generator(
             model_dir,
@@ -334,7 +279,7 @@ def evaluate_model(
         elif rows:
             metrics[name] = split_metrics
     if generator is not None:
-        from sqlrl.generate import decoding_summary
+        from sqlrl.model.generate import decoding_summary
 
         metrics["generation"] = decoding_summary(generator, params.temperature, params.num_samples)
     return metrics, predictions

@@ -18,12 +18,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlrl.augment import Augmenter, mark_question, name_pools
-from sqlrl.jsonio import write_jsonl
-from sqlrl.params import ParamsError, PrepareParams
-from sqlrl.paths import PREPARED_REL, REPO_ROOT, SPIDER_REL, relative_to_root
-from sqlrl.prompts import build_messages, completion_message, serialize_schema
-from sqlrl.spider import (
+from sqlrl.data.augment import Augmenter, mark_question, name_pools
+from sqlrl.data.prompts import build_messages, completion_message, serialize_schema
+from sqlrl.data.spider import (
     Example,
     Schema,
     SpiderDataError,
@@ -31,6 +28,9 @@ from sqlrl.spider import (
     load_examples,
     load_schemas,
 )
+from sqlrl.jsonio import write_jsonl
+from sqlrl.params import ParamsError, PrepareParams
+from sqlrl.paths import PREPARED_REL, REPO_ROOT, SPIDER_REL, relative_to_root
 
 
 @dataclass
@@ -84,8 +84,8 @@ QUESTION_TOKENS = 128  # budget kept for the question (Spider's longest is about
 
 def prompt_tokens(schema_text: str, system_prompt: str, question: str = "") -> int:
     """Tokens of the rendered chat prompt (with the assistant header), by Qwen2.5's tokenizer:
-    the reference model's, available offline (sqlrl/qwen_tokenizer.py)."""
-    from sqlrl.qwen_tokenizer import build_qwen25_tokenizer
+    the reference model's, available offline (sqlrl/model/qwen_tokenizer.py)."""
+    from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer
 
     messages = build_messages(schema_text, question or "?", system_prompt)
     return len(
@@ -163,7 +163,7 @@ def _length_stats(texts: list[str]) -> dict:
 def _token_stats(sft_rows: list[dict]) -> dict:
     """Tokens of each SFT row (prompt, assistant header, SQL, <|im_end|>) by Qwen2.5's
     tokenizer, so sft.max_length can be checked against the data before training."""
-    from sqlrl.qwen_tokenizer import build_qwen25_tokenizer
+    from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer
 
     tokenizer = build_qwen25_tokenizer()
     lengths = sorted(

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from sqlrl.spider_eval.schema import SchemaIndex
+from sqlrl.eval.spider_eval.schema import SchemaIndex
 
 
 class SpiderParseError(ValueError):

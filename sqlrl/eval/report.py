@@ -1,6 +1,6 @@
 """A pull-request report: what this revision changed against a baseline, as Markdown + PNGs.
 
-    python -m sqlrl.report --baseline main --out report/
+    python -m sqlrl.eval.report --baseline main --out report/
 
 - `dvc params diff` and `dvc metrics diff` as tables;
 - EX/EM per evaluated model and per hardness, with deltas;

@@ -170,7 +170,7 @@ def build_scratch(
     out_dir = Path(out_dir)
     arch = params.architecture
     if params.tokenizer == "qwen2.5":  # the reference model's own (the GPU path rehearsed)
-        from sqlrl.qwen_tokenizer import build_qwen25_tokenizer
+        from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer
 
         tokenizer = build_qwen25_tokenizer()
     else:

@@ -22,9 +22,9 @@ keywords, as in test-suite-sql-eval's evaluation.py.
 
 from __future__ import annotations
 
-from sqlrl.spider_eval.lexer import SpiderParseError
-from sqlrl.spider_eval.parse import WHERE_OPS, parse_sql
-from sqlrl.spider_eval.schema import SchemaIndex, schema_index
+from sqlrl.eval.spider_eval.lexer import SpiderParseError
+from sqlrl.eval.spider_eval.parse import WHERE_OPS, parse_sql
+from sqlrl.eval.spider_eval.schema import SchemaIndex, schema_index
 
 _IUE = ("intersect", "except", "union")
 

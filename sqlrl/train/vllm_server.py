@@ -39,7 +39,7 @@ def require_vllm(host: str, port: int) -> None:
     """Server mode needs vLLM in the trainer's environment too: TRL's VLLMClient refuses to
     start without it, and pushes the weights over vLLM's NCCL weight-transfer engine (CUDA).
     Falling back to transformers would silently ignore the server, so this fails instead."""
-    from sqlrl.generate import vllm_available
+    from sqlrl.model.generate import vllm_available
 
     if not vllm_available():
         raise VllmServerError(

@@ -2,13 +2,13 @@
 
 A drop-in for the official evaluator's interface:
 
-    python -m sqlrl.score --gold dev_gold.sql --pred pred.sql --db database/ \\
+    python -m sqlrl.eval.score --gold dev_gold.sql --pred pred.sql --db database/ \\
         --table tables.json --out report.json
 
 GOLD holds `SQL<TAB>db_id` per line, PRED one SQL per line (same count). EX uses the shared
-executor and equality (sqlrl.equality); EM and hardness come from sqlrl.spider_eval. An item
-whose database file is absent is "skipped": ex and em are null, and it is left out of `n` and
-of the EX/EM fractions, but counted in `skipped`; `ex_all` is EX over every item with the
+executor and equality (sqlrl.sql.equality); EM and hardness come from sqlrl.eval.spider_eval.
+An item whose database file is absent is "skipped": ex and em are null, and it is left out of
+`n` and of the EX/EM fractions, but counted in `skipped`; `ex_all` is EX over every item with the
 skipped ones counted as wrong (correct / (n + skipped)), the denominator published Spider
 numbers use (all 1,034 dev questions), also per hardness. `ex_nontrivial` is EX without the
 questions whose gold result is empty or only 0/NULL (`n_trivial_gold`), which a wrong query
@@ -24,9 +24,9 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from sqlrl.executor import ExecLimits
 from sqlrl.progress import Progress
-from sqlrl.rewards import Judgement, JudgePool
+from sqlrl.sql.executor import ExecLimits
+from sqlrl.sql.judge import Judgement, JudgePool
 
 HARDNESS_LEVELS = ("easy", "medium", "hard", "extra")
 EVAL_TIMEOUT_S = 10.0  # per query; rewards use 5 s, evaluation can afford more
@@ -95,7 +95,7 @@ def _item(
     schema: dict | None,
 ) -> dict:
     """One line of the report."""
-    from sqlrl.spider_eval import exact_match, hardness
+    from sqlrl.eval.spider_eval import exact_match, hardness
 
     status = judgement.status
     skipped = status == "skipped"
@@ -220,7 +220,7 @@ def _seconds(text: str) -> float:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m sqlrl.score", description=__doc__.split("\n")[0]
+        prog="python -m sqlrl.eval.score", description=__doc__.split("\n")[0]
     )
     parser.add_argument("--gold", required=True, help="SQL<TAB>db_id per line (dev_gold.sql)")
     parser.add_argument("--pred", required=True, help="one predicted SQL per line")

@@ -20,7 +20,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from sqlrl.spider import Column, ForeignKey, Schema, Table
+from sqlrl.data.spider import Column, ForeignKey, Schema, Table
 
 _PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Variants that keep the meaning of a name but not its spelling.

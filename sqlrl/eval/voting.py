@@ -1,0 +1,62 @@
+"""Self-consistency (`eval.num_samples` > 1): of N sampled queries per question, answer with
+one from the largest group of candidates that return the same result, as in SQL-R1 and OmniSQL
+(results compared the way EX compares them). Candidates that fail to execute get no vote."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from sqlrl.paths import resolve
+
+
+def vote(verdicts) -> tuple[int, int]:
+    """(index of the chosen candidate, its votes) from the candidates' execution verdicts.
+
+    Candidates whose results are equal as EX judges results (sqlrl.sql.equality: rows as a
+    multiset, columns in any order) form a group; the first member of the largest group wins,
+    the group seen first on ties. (0, 0) when no candidate ran.
+    """
+    from sqlrl.sql.equality import results_match
+
+    groups: list[list[int]] = []
+    for i, verdict in enumerate(verdicts):
+        if verdict.status != "ok":
+            continue
+        for members in groups:
+            if results_match(verdicts[members[0]].rows, verdict.rows, ordered=False):
+                members.append(i)
+                break
+        else:
+            groups.append([i])
+    if not groups:
+        return 0, 0
+    best = max(groups, key=len)  # max keeps the first of equals: the group seen first
+    return best[0], len(best)
+
+
+def self_consistency(
+    samples: list[list[str]],
+    db_paths: list[str],
+    executor=None,
+    fix: Callable[[int, str], str] | None = None,
+) -> tuple[list[str], list[int], list[str]]:
+    """(chosen SQL, votes, chosen raw text) per question from N sampled texts each.
+    `fix(question index, sql)` rewrites each candidate before it runs (schema repair)."""
+    from sqlrl.eval.score import EVAL_TIMEOUT_S
+    from sqlrl.sql.executor import ExecLimits, SQLExecutor
+    from sqlrl.sql.extract import extract_sql
+
+    # a candidate runs under the limit its score will, so a vote never counts a query that
+    # scoring then times out (or drops one that scoring would have judged)
+    executor = executor or SQLExecutor(ExecLimits(timeout_s=EVAL_TIMEOUT_S))
+    chosen, votes, texts = [], [], []
+    for q, (candidates, db_path) in enumerate(zip(samples, db_paths, strict=True)):
+        sqls = [extract_sql(text) for text in candidates]
+        if fix is not None:
+            sqls = [fix(q, sql) for sql in sqls]
+        verdicts = [executor.execute(resolve(db_path), sql) for sql in sqls]
+        index, count = vote(verdicts)
+        chosen.append(sqls[index])
+        votes.append(count)
+        texts.append(candidates[index])
+    return chosen, votes, texts
