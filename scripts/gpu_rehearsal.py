@@ -159,13 +159,15 @@ def versions(names=REPORTED_PACKAGES) -> dict:
 def prepared_reference(params) -> tuple[list[dict], list[dict], dict, Path]:
     """sft and grpo rows exactly as the prepare stage writes them for the profile, prepared
     into a scratch root that links the pulled Spider (data/prepared is left alone)."""
+    from contextlib import chdir
+
     from sqlrl.data.prepare import prepare
-    from sqlrl.paths import SPIDER_DIR, SPIDER_REL
 
     root = Path(tempfile.mkdtemp(prefix="rehearsal-prepare-"))
-    (root / SPIDER_REL).parent.mkdir(parents=True)
-    (root / SPIDER_REL).symlink_to(SPIDER_DIR, target_is_directory=True)
-    metrics = prepare(params.prepare, params.seed, root=root)
+    (root / "data/raw").mkdir(parents=True)
+    (root / "data/raw/spider").symlink_to(REPO / "data/raw/spider", target_is_directory=True)
+    with chdir(root):  # rows record database paths relative to it, as in the repo
+        metrics = prepare(params.prepare, params.seed, "data/raw/spider", "data/prepared")
     prepared = root / "data" / "prepared"
     return (read_jsonl(prepared / "sft.jsonl"), read_jsonl(prepared / "grpo.jsonl"), metrics, root)
 
@@ -476,7 +478,7 @@ def run_grpo(params, model_dir: Path, bundle: Path, work: Path, steps: int, tiny
         sft_dir=model_dir,
         rows=rows,
         out_dir=work / "grpo_adapter",
-        reward_funcs=reward_functions(grpo),
+        reward_funcs=reward_functions(grpo, bundle),  # no schema repair: see make_bundle
         checkpoint_dir=work / "checkpoints",
         dvclive_dir=None,
     )

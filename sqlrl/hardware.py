@@ -31,9 +31,10 @@ def local_processes() -> int:
         return 1
 
 
-def cores_per_process() -> int:
-    """This process's share of the usable cores (at least one)."""
-    return max(1, usable_cores() // local_processes())
+def cores_per_process(processes: int | None = None) -> int:
+    """One process's share of the usable cores (at least one), among `processes` (default:
+    the training processes running on this machine)."""
+    return max(1, usable_cores() // (processes or local_processes()))
 
 
 def set_torch_threads(requested: int = 0) -> int:

@@ -9,7 +9,6 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from sqlrl.errors import PipelineError
-from sqlrl.paths import resolve
 
 
 class DataFileError(PipelineError, ValueError):
@@ -23,10 +22,10 @@ class MissingDataFileError(DataFileError, FileNotFoundError):
 def read_jsonl(
     path: str | Path, required: Iterable[str] = (), missing_ok: bool = False
 ) -> list[dict]:
-    """The rows of a JSONL file (relative paths read against the repo root). Every line must
-    be a JSON object holding the `required` keys; otherwise a DataFileError names the file,
-    the line and what is wrong (a stage that read it would fail later with a bare KeyError)."""
-    path = resolve(path)
+    """The rows of a JSONL file. Every line must be a JSON object holding the `required` keys;
+    otherwise a DataFileError names the file, the line and what is wrong (a stage that read it
+    would fail later with a bare KeyError)."""
+    path = Path(path)
     if missing_ok and not path.is_file():
         return []
     required = tuple(required)

@@ -18,10 +18,7 @@ from typing import Any
 import yaml
 
 from sqlrl.errors import PipelineError
-from sqlrl.paths import REPO_ROOT
 
-PARAMS_FILE = REPO_ROOT / "params.yaml"
-CONF_DIR = REPO_ROOT / "conf"
 SCHEMA_FORMATS = ("compact", "ddl")
 DTYPES = ("float32", "bfloat16", "float16")
 TOKENIZERS = ("trained", "qwen2.5")
@@ -276,7 +273,7 @@ class LaunchParams:
     def __post_init__(self):
         if self.num_processes < 1:
             raise ParamsError(f"launch.num_processes must be >= 1, got {self.num_processes}")
-        if self.config and not (REPO_ROOT / self.config).is_file():
+        if self.config and not Path(self.config).is_file():  # relative: to the repo root
             raise ParamsError(f"launch.config: no file {self.config!r} (see conf/accelerate/)")
 
 
@@ -343,7 +340,7 @@ def params_from_dict(data: dict) -> Params:
     return _build(Params, data, "")
 
 
-def load_params(path: str | Path = PARAMS_FILE) -> Params:
+def load_params(path: str | Path = "params.yaml") -> Params:
     """Read and validate params.yaml; errors name the file and the offending key."""
     path = Path(path)
     try:
@@ -367,15 +364,17 @@ def composed_yaml(profile: str | None = None, overrides: list[str] | None = None
     return OmegaConf.to_yaml(OmegaConf.create(compose_params(profile, overrides)))
 
 
-def compose_params(profile: str | None = None, overrides: list[str] | None = None) -> dict:
-    """Compose conf/ the way `dvc exp run` does (Hydra), returning the plain dict."""
+def compose_params(
+    profile: str | None = None, overrides: list[str] | None = None, conf_dir: str | Path = "conf"
+) -> dict:
+    """Compose conf_dir the way `dvc exp run` does (Hydra), returning the plain dict."""
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     overrides = list(overrides or [])
     if profile is not None:
         overrides.append(f"profile={profile}")
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None):
+    with initialize_config_dir(config_dir=str(Path(conf_dir).resolve()), version_base=None):
         cfg = compose(config_name="config", overrides=overrides)
     return OmegaConf.to_container(cfg, resolve=True)
 

@@ -15,9 +15,8 @@ from pathlib import Path
 import yaml
 
 from sqlrl.errors import PipelineError
-
-HARDNESS = ("easy", "medium", "hard", "extra")
-STAGES = (("base", "base"), ("sft", "SFT"), ("final", "GRPO (final)"))
+from sqlrl.eval.report import MODELS, by_split
+from sqlrl.eval.score import HARDNESS_LEVELS as HARDNESS
 
 
 class PublishError(PipelineError, RuntimeError):
@@ -36,13 +35,13 @@ def metrics_table(root: Path = Path(".")) -> str:
     """Markdown: EX/EM of base, SFT and GRPO on Spider dev, overall and by hardness."""
     header = "| model | EX | EM | " + " | ".join(f"EX {h}" for h in HARDNESS) + " | held-out EX |"
     lines = [header, "|" + "---|" * (4 + len(HARDNESS))]
-    for name, label in STAGES:
-        report = _read_json(root / "metrics" / f"eval_{name}.json")
+    for name, label in MODELS.items():
+        report = by_split(_read_json(root / "metrics" / f"eval_{name}.json"))
         if not report:
             continue
-        by = report.get("by_hardness", {})
+        dev, by = report["dev"], report["dev"].get("by_hardness", {})
         lines.append(
-            f"| {label} | {_pct(report.get('ex'))} | {_pct(report.get('em'))} | "
+            f"| {label} | {_pct(dev.get('ex'))} | {_pct(dev.get('em'))} | "
             + " | ".join(_pct(by.get(h, {}).get("ex")) for h in HARDNESS)
             + f" | {_pct((report.get('heldout') or {}).get('ex'))} |"
         )

@@ -19,7 +19,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlrl.paths import SPIDER_DIR
 from sqlrl.sql.executor import Verdict
 
 
@@ -80,7 +79,7 @@ class TextToSQL:
         self,
         model_dir: str | Path,
         *,
-        spider_dir: str | Path = SPIDER_DIR,
+        spider_dir: str | Path = "data/raw/spider",  # for db=...; relative to the cwd
         max_new_tokens: int = 128,
         exec_timeout_s: float = 30.0,
         use_vllm: bool = False,

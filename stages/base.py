@@ -1,35 +1,35 @@
-"""DVC stage `base`: the starting model -> models/base and metrics/base.json.
+"""DVC stage `base`: the starting model and its metrics.
 
-Hub profile: resolve the pinned model in transformers' hub cache, record it in base.json.
-CPU profile: train a tokenizer on data/prepared/sft.jsonl and build a Qwen2 model from params.
+Hub profile: resolve the pinned model in transformers' hub cache, record it in the metrics.
+CPU profile: train a tokenizer on the SFT data and build a Qwen2 model from params.
 """
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
-os.environ.setdefault("DVC_NO_ANALYTICS", "1")
-
-from sqlrl.jsonio import write_json  # noqa: E402
-from sqlrl.model.modeling import build_base  # noqa: E402
-from sqlrl.params import load_params  # noqa: E402
-from stages import run_stage  # noqa: E402
-
-SFT_DATA = "data/prepared/sft.jsonl"
-OUT_DIR = "models/base"
+from sqlrl.jsonio import write_json
+from sqlrl.model.modeling import build_base
+from sqlrl.params import load_params
+from stages import stage_main
 
 
-def main() -> int:
+def arguments(parser) -> None:
+    parser.add_argument("--sft-data", required=True, help="trains the tokenizer")
+    parser.add_argument("--out", required=True, help="the model folder")
+    parser.add_argument("--metrics", required=True)
+
+
+def main(args) -> int:
     start = time.perf_counter()
-    params = load_params()
-    record = build_base(params.base, params.seed, SFT_DATA, OUT_DIR)
+    params = load_params(args.params)
+    record = build_base(params.base, params.seed, args.sft_data, args.out)
     metrics = {**record, "wall_seconds": round(time.perf_counter() - start, 1)}
-    write_json("metrics/base.json", metrics)
-    print(f"base: {record['source']} model, {record['n_params']:,} parameters -> {OUT_DIR}")
+    write_json(args.metrics, metrics)
+    print(f"base: {record['source']} model, {record['n_params']:,} parameters -> {args.out}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(run_stage("base", main))
+    sys.exit(stage_main("base", main, arguments, __doc__))

@@ -1,10 +1,8 @@
-"""DVC stage `evaluate@<name>`: models/<name> on the dev (and held-out) split ->
-metrics/eval_<name>.json, data/predictions/<name>.jsonl and data/predictions/<name>_heldout.jsonl.
+"""DVC stage `evaluate@<name>`: a model on the dev (and held-out) split -> its metrics and
+prediction files.
 
-    python -m stages.evaluate sft [--baseline base]
-
-With --baseline, metrics/eval_<name>.json also gets `vs_<baseline>`: the paired bootstrap 95%
-interval of the EX difference against that model's predictions, per split.
+With --baseline NAME DEV HELDOUT (another model's prediction files), the metrics also get
+`vs_<NAME>`: the paired bootstrap 95% interval of the EX difference against it, per split.
 """
 
 from __future__ import annotations
@@ -13,68 +11,84 @@ import os
 import sys
 from pathlib import Path
 
-os.environ.setdefault("DVC_NO_ANALYTICS", "1")
-os.environ.setdefault("HF_HUB_DISABLE_TELEMETRY", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizer is used before forks
 
 from sqlrl.eval.compare import compare_predictions  # noqa: E402
 from sqlrl.eval.evaluate import evaluate_model  # noqa: E402
 from sqlrl.hardware import set_torch_threads  # noqa: E402
-from sqlrl.jsonio import (  # noqa: E402
-    read_jsonl,
-    write_json,  # noqa: E402
-    write_jsonl,
-)
+from sqlrl.jsonio import read_jsonl, write_json, write_jsonl  # noqa: E402
 from sqlrl.params import load_params  # noqa: E402
-from sqlrl.paths import REPO_ROOT  # noqa: E402
-from stages import run_stage  # noqa: E402
-
-SPLITS = {"dev": "data/prepared/dev.jsonl", "heldout": "data/prepared/heldout.jsonl"}
+from stages import stage_main  # noqa: E402
 
 
-def main(argv: list[str], root: Path = REPO_ROOT) -> int:
-    """Evaluate models/<argv[0]> under `root` (the repo root; tests pass a copy)."""
-    baseline = None
-    if len(argv) == 3 and argv[1] == "--baseline":
-        argv, baseline = argv[:1], argv[2]
-    if len(argv) != 1 or not argv[0] or "/" in argv[0] or "/" in (baseline or ""):
+def arguments(parser) -> None:
+    parser.add_argument("--model", required=True, help="the model folder")
+    parser.add_argument("--dev", required=True, help="dev.jsonl")
+    parser.add_argument("--heldout", required=True, help="heldout.jsonl (may be empty)")
+    parser.add_argument("--spider", required=True, help="the Spider release")
+    parser.add_argument("--predictions", required=True, help="dev predictions (JSONL)")
+    parser.add_argument("--heldout-predictions", required=True)
+    parser.add_argument("--metrics", required=True)
+    parser.add_argument(
+        "--baseline",
+        nargs=3,
+        metavar=("NAME", "DEV", "HELDOUT"),
+        help="compare with this model's prediction files",
+    )
+
+
+def main(args) -> int:
+    name = Path(args.model).name
+    if not Path(args.model).is_dir():
         print(
-            "usage: python -m stages.evaluate NAME [--baseline OTHER]   (evaluates "
-            "models/NAME, compared with OTHER's predictions)",
-            file=sys.stderr,
-        )
-        return 2
-    name, root = argv[0], Path(root)
-    model_dir = root / "models" / name
-    if not model_dir.is_dir():
-        print(
-            f"evaluate: {model_dir} does not exist (run `dvc repro {name}` first)", file=sys.stderr
+            f"evaluate: {args.model} does not exist (run `dvc repro {name}` first)", file=sys.stderr
         )
         return 1
+    params = load_params(args.params)
+    set_torch_threads(params.torch_threads)
+    splits = {"dev": args.dev, "heldout": args.heldout}
     try:
-        params = load_params(root / "params.yaml")
-        set_torch_threads(params.torch_threads)
-        splits = {split: root / path for split, path in SPLITS.items()}
-        metrics, predictions = evaluate_model(model_dir, params.eval, params.seed, splits)
+        metrics, predictions = evaluate_model(
+            args.model, params.eval, params.seed, splits, spider_dir=args.spider
+        )
     except FileNotFoundError as exc:  # the others are PipelineErrors: run_stage reports them
         print(f"evaluate: {exc}", file=sys.stderr)
         return 1
-    out = root / "data" / "predictions"
-    if baseline:
+    if args.baseline:
+        baseline, *files = args.baseline
         try:
-            metrics[f"vs_{baseline}"] = _compare(out, baseline, predictions, params.seed)
+            metrics[f"vs_{baseline}"] = _compare(
+                dict(zip(("dev", "heldout"), files, strict=True)), predictions, params.seed
+            )
         except (FileNotFoundError, ValueError) as exc:
             print(f"evaluate: comparison with {baseline}: {exc}", file=sys.stderr)
             return 1
-    write_jsonl(out / f"{name}.jsonl", predictions["dev"])
-    write_jsonl(out / f"{name}_heldout.jsonl", predictions.get("heldout", []))
-    write_json(root / "metrics" / f"eval_{name}.json", metrics)
+    write_jsonl(args.predictions, predictions["dev"])
+    write_jsonl(args.heldout_predictions, predictions.get("heldout", []))
+    write_json(args.metrics, metrics)
+    print(_summary(name, metrics))
+    return 0
+
+
+def _compare(baseline_files: dict, predictions: dict, seed: int) -> dict:
+    """Paired bootstrap of EX against the baseline's prediction files, per split."""
+    out = {}
+    for split, path in baseline_files.items():
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"{path} is missing (run the baseline's evaluate stage)")
+        if predictions.get(split):
+            out[split] = compare_predictions(read_jsonl(path), predictions[split], seed)
+    return out
+
+
+def _summary(name: str, metrics: dict) -> str:
+    dev = metrics["dev"]
     line = (
-        f"evaluate@{name}: dev EX {_pct(metrics['ex'])} (non-trivial gold "
-        f"{_pct(metrics['ex_nontrivial'])}) EM {_pct(metrics['em'])} "
-        f"on {metrics['n']} ({metrics['skipped']} skipped; EX with skipped as wrong "
-        f"{_pct(metrics['ex_all'])} of {metrics['n'] + metrics['skipped']}), "
-        f"{metrics['examples_per_second']} examples/s"
+        f"evaluate@{name}: dev EX {_pct(dev['ex'])} (non-trivial gold "
+        f"{_pct(dev['ex_nontrivial'])}) EM {_pct(dev['em'])} "
+        f"on {dev['n']} ({dev['skipped']} skipped; EX with skipped as wrong "
+        f"{_pct(dev['ex_all'])} of {dev['n'] + dev['skipped']}), "
+        f"{dev['examples_per_second']} examples/s"
     )
     if "heldout" in metrics:
         held = metrics["heldout"]
@@ -82,20 +96,7 @@ def main(argv: list[str], root: Path = REPO_ROOT) -> int:
             f"; held-out EX {_pct(held['ex'])} (non-trivial gold "
             f"{_pct(held['ex_nontrivial'])}) EM {_pct(held['em'])} on {held['n']}"
         )
-    print(line)
-    return 0
-
-
-def _compare(pred_dir: Path, baseline: str, predictions: dict, seed: int) -> dict:
-    """Paired bootstrap of EX against the baseline's prediction files, per split."""
-    out = {}
-    for split, suffix in (("dev", ""), ("heldout", "_heldout")):
-        path = pred_dir / f"{baseline}{suffix}.jsonl"
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} is missing (run `dvc repro evaluate@{baseline}`)")
-        if predictions.get(split):
-            out[split] = compare_predictions(read_jsonl(path), predictions[split], seed)
-    return out
+    return line
 
 
 def _pct(value) -> str:
@@ -103,5 +104,8 @@ def _pct(value) -> str:
 
 
 if __name__ == "__main__":
-    _model = sys.argv[1] if len(sys.argv) > 1 else "model"
-    sys.exit(run_stage(f"evaluate-{_model}", main, sys.argv[1:]))
+    sys.exit(
+        stage_main(
+            "evaluate", main, arguments, __doc__, lock=lambda a: f"evaluate-{Path(a.model).name}"
+        )
+    )

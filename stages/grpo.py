@@ -1,5 +1,5 @@
-"""DVC stage `grpo`: models/sft + data/grpo_prompts.jsonl -> models/grpo_adapter (LoRA),
-metrics/grpo.json and the reward/loss curves in dvclive/grpo/."""
+"""DVC stage `grpo`: the SFT model + the selected prompts -> the LoRA adapter, its metrics and
+the reward/loss curves (DVCLive)."""
 
 from __future__ import annotations
 
@@ -7,30 +7,40 @@ import sys
 
 from sqlrl.jsonio import read_jsonl, write_json
 from sqlrl.params import load_params
-from sqlrl.train.grpo import PROMPTS_PATH, ROW_KEYS, reward_functions, train_grpo
+from sqlrl.train.grpo import ROW_KEYS, reward_functions, train_grpo
 from sqlrl.train.launch import is_main_process
-from stages import run_stage
-
-SFT_DIR = "models/sft"
+from stages import stage_main
 
 
-def main() -> int:
-    params = load_params()
-    rows = read_jsonl(PROMPTS_PATH, ROW_KEYS)
+def arguments(parser) -> None:
+    parser.add_argument("--model", required=True, help="the SFT model folder")
+    parser.add_argument("--prompts", required=True, help="grpo_prompts.jsonl")
+    parser.add_argument("--spider", required=True, help="the Spider release")
+    parser.add_argument("--out", required=True, help="the adapter folder")
+    parser.add_argument("--checkpoints", required=True, help="outside DVC's outputs: grpo.resume")
+    parser.add_argument("--metrics", required=True)
+    parser.add_argument("--dvclive", required=True, help="the training curves")
+
+
+def main(args) -> int:
+    params = load_params(args.params)
+    rows = read_jsonl(args.prompts, ROW_KEYS)
     metrics = train_grpo(
         params.grpo,
         params.seed,
-        SFT_DIR,
+        args.model,
         rows,
-        "models/grpo_adapter",
-        reward_functions(params.grpo),
+        args.out,
+        reward_functions(params.grpo, args.spider),
+        args.checkpoints,
+        args.dvclive,
         torch_threads=params.torch_threads,
     )
     metrics["train_prompts"] = len(rows)  # what each filter dropped: metrics/grpo_prompts.json
     if is_main_process():
-        write_json("metrics/grpo.json", metrics)
+        write_json(args.metrics, metrics)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(run_stage("grpo", main))
+    sys.exit(stage_main("grpo", main, arguments, __doc__))

@@ -1,5 +1,5 @@
-"""DVC stage `grpo_prompts`: models/sft + data/prepared/grpo.jsonl -> data/grpo_prompts.jsonl
-(the GRPO training prompts after the filters) and metrics/grpo_prompts.json (what each dropped).
+"""DVC stage `grpo_prompts`: the SFT model + the candidate prompts -> the GRPO training prompts
+after the filters, and metrics saying what each filter dropped.
 
 A stage of its own because the pass-rate filter samples the SFT model (minutes on a CPU):
 `dvc exp run -S grpo.steps=500` reuses the selection and reruns only grpo and what follows.
@@ -17,13 +17,10 @@ from pathlib import Path
 from sqlrl.hardware import set_torch_threads
 from sqlrl.jsonio import read_jsonl, write_json, write_jsonl
 from sqlrl.params import GrpoParams, load_params
-from sqlrl.paths import REPO_ROOT
 from sqlrl.sql.executor import SQLExecutor
-from sqlrl.train.grpo import PROMPTS_PATH, ROW_KEYS, reward_functions
+from sqlrl.train.grpo import ROW_KEYS, reward_functions
 from sqlrl.train.grpo_prompts import sampled_pass_rates, select_prompts
-from stages import run_stage
-
-SFT_DIR = "models/sft"
+from stages import stage_main
 
 
 def pass_rate_generator(model_dir: str | Path, grpo: GrpoParams, seed: int):
@@ -46,16 +43,22 @@ def pass_rate_generator(model_dir: str | Path, grpo: GrpoParams, seed: int):
     )
 
 
-def main(root: Path = REPO_ROOT) -> int:
-    """Select the GRPO prompts under `root` (the repo root; tests pass a copy)."""
-    root = Path(root)
-    params = load_params(root / "params.yaml")
+def arguments(parser) -> None:
+    parser.add_argument("--model", required=True, help="the SFT model folder, sampled")
+    parser.add_argument("--prompts", required=True, help="grpo.jsonl, the candidates")
+    parser.add_argument("--spider", required=True, help="the Spider release")
+    parser.add_argument("--out", required=True, help="the selected prompts (JSONL)")
+    parser.add_argument("--metrics", required=True)
+
+
+def main(args) -> int:
+    params = load_params(args.params)
     grpo = params.grpo
     set_torch_threads(params.torch_threads)
-    execution_reward = reward_functions(grpo)[0]
+    execution_reward = reward_functions(grpo, args.spider)[0]
 
     def pass_rates(rows):
-        generator, tokenizer = pass_rate_generator(root / SFT_DIR, grpo, params.seed)
+        generator, tokenizer = pass_rate_generator(args.model, grpo, params.seed)
         return sampled_pass_rates(
             rows,
             generator,
@@ -66,16 +69,16 @@ def main(root: Path = REPO_ROOT) -> int:
             execution_reward,
         )
 
-    rows = read_jsonl(root / "data/prepared/grpo.jsonl", ROW_KEYS)
+    rows = read_jsonl(args.prompts, ROW_KEYS)
     selected, stats = select_prompts(rows, grpo, params.seed, SQLExecutor(), pass_rates)
     print(
         f"grpo_prompts: {stats.kept} of {stats.candidates} prompts kept {stats.as_metrics()}",
         file=sys.stderr,
     )
-    write_jsonl(root / PROMPTS_PATH, selected)
-    write_json(root / "metrics/grpo_prompts.json", stats.as_metrics())
+    write_jsonl(args.out, selected)
+    write_json(args.metrics, stats.as_metrics())
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(run_stage("grpo_prompts", main))
+    sys.exit(stage_main("grpo_prompts", main, arguments, __doc__))

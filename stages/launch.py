@@ -1,6 +1,6 @@
-"""`python -m stages.launch stages.sft`: a training stage in this process, or under
-`accelerate launch` in `launch.num_processes` processes (sqlrl/train/launch.py). The stage lock is
-held here, once, for all the processes."""
+"""`python -m stages.launch stages.sft ARGS...`: a training stage in this process, or under
+`accelerate launch` in `launch.num_processes` processes (sqlrl/train/launch.py). The stage lock
+is held here, once, for all the processes."""
 
 from __future__ import annotations
 
@@ -10,23 +10,30 @@ import sys
 
 from sqlrl.params import load_params
 from sqlrl.train.launch import accelerate_command
-from stages import run_stage
+from stages import parse_stage_args, run_stage, show_logs
 
 TRAINING_STAGES = ("stages.sft", "stages.grpo")
 
 
-def main(module: str) -> int:
+def main(module: str, argv: list[str]) -> int:
     import torch
 
-    command = accelerate_command(load_params().launch, module, torch.cuda.is_available())
+    stage = importlib.import_module(module)
+    name = module.split(".")[-1]
+    args = parse_stage_args(name, stage.arguments, stage.__doc__, argv)  # bad flags fail here
+    command = accelerate_command(load_params(args.params).launch, module, torch.cuda.is_available())
     if command is None:
-        return importlib.import_module(module).main()
-    print("launch: " + " ".join(command[2:]), flush=True)
-    return subprocess.call(command)
+        show_logs()
+        return stage.main(args)
+    print("launch: " + " ".join(command[2:] + argv), flush=True)
+    return subprocess.call(command + argv)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or sys.argv[1] not in TRAINING_STAGES:
-        print(f"usage: python -m stages.launch {{{','.join(TRAINING_STAGES)}}}", file=sys.stderr)
+    if len(sys.argv) < 2 or sys.argv[1] not in TRAINING_STAGES:
+        print(
+            f"usage: python -m stages.launch {{{','.join(TRAINING_STAGES)}}} ARGS...",
+            file=sys.stderr,
+        )
         sys.exit(2)
-    sys.exit(run_stage(sys.argv[1].split(".")[-1], main, sys.argv[1]))
+    sys.exit(run_stage(sys.argv[1].split(".")[-1], main, sys.argv[1], sys.argv[2:]))

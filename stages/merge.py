@@ -1,22 +1,28 @@
-"""DVC stage `merge`: models/sft + models/grpo_adapter -> models/final (plain safetensors)."""
+"""DVC stage `merge`: the SFT model + the GRPO adapter -> one plain safetensors model."""
 
 from __future__ import annotations
 
 import sys
 
 from sqlrl.train.merge import merge_adapter
-from stages import run_stage
+from stages import stage_main
 
 
-def main() -> int:
+def arguments(parser) -> None:
+    parser.add_argument("--model", required=True, help="the SFT model folder")
+    parser.add_argument("--adapter", required=True, help="the GRPO adapter folder")
+    parser.add_argument("--out", required=True, help="the merged model folder")
+
+
+def main(args) -> int:
     try:
-        info = merge_adapter("models/sft", "models/grpo_adapter", "models/final")
+        info = merge_adapter(args.model, args.adapter, args.out)
     except FileNotFoundError as exc:
         print(f"merge: {exc}", file=sys.stderr)
         return 1
-    print(f"merge: models/final written ({info['parameters']:,} parameters, {info['dtype']})")
+    print(f"merge: {args.out} written ({info['parameters']:,} parameters, {info['dtype']})")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(run_stage("merge", main))
+    sys.exit(stage_main("merge", main, arguments, __doc__))

@@ -1,4 +1,4 @@
-"""DVC stage `prepare`: Spider release -> data/prepared/*.jsonl and metrics/prepare.json."""
+"""DVC stage `prepare`: the Spider release -> the prepared JSONL files and their metrics."""
 
 from __future__ import annotations
 
@@ -7,13 +7,19 @@ import sys
 from sqlrl.data.prepare import prepare
 from sqlrl.jsonio import write_json
 from sqlrl.params import load_params
-from stages import run_stage
+from stages import stage_main
 
 
-def main() -> int:
-    params = load_params()
-    metrics = prepare(params.prepare, params.seed)
-    write_json("metrics/prepare.json", metrics)
+def arguments(parser) -> None:  # paths as strings, exactly as dvc.yaml writes them
+    parser.add_argument("--spider", required=True, help="the Spider release")
+    parser.add_argument("--out", required=True, help="folder for the JSONL files")
+    parser.add_argument("--metrics", required=True)
+
+
+def main(args) -> int:
+    params = load_params(args.params)
+    metrics = prepare(params.prepare, params.seed, args.spider, args.out)
+    write_json(args.metrics, metrics)
     train, dev = metrics["train"], metrics["dev"]
     print(
         f"prepare: {train['sft']} training examples, {train['heldout']} held out, "
@@ -25,4 +31,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_stage("prepare", main))
+    sys.exit(stage_main("prepare", main, arguments, __doc__))

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
 
 import pytest
 
-from sqlrl.paths import REPO_ROOT, SPIDER_DIR
-from tests.repo_tools import run_cli, storage_url
+from tests.repo_tools import REPO_ROOT, SPIDER_DIR, run_cli, storage_url
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
@@ -86,5 +86,6 @@ def prepared_dir(spider_dir, tmp_path_factory):
     prepare_params = dataclasses.replace(
         params.prepare, augment=dataclasses.replace(params.prepare.augment, copies=0)
     )
-    prepare(prepare_params, params.seed, root=root)
+    with contextlib.chdir(root):  # as DVC runs it: rows hold data/raw/spider/... paths
+        prepare(prepare_params, params.seed, "data/raw/spider", "data/prepared")
     return root / "data" / "prepared"

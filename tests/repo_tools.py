@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sqlrl.paths import REPO_ROOT
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SPIDER_DIR = REPO_ROOT / "data" / "raw" / "spider"  # from `dvc pull`
 
 
 def run_cli(args: list[str], cwd: Path, env: dict | None = None) -> str:

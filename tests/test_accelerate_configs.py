@@ -8,7 +8,7 @@ from accelerate.commands.config.config_args import ClusterConfig, load_config_fr
 from accelerate.commands.launch import _validate_launch_command, launch_command_parser
 from accelerate.utils import DistributedType
 
-from sqlrl.paths import REPO_ROOT
+from tests.repo_tools import REPO_ROOT
 
 CONFIGS = REPO_ROOT / "conf" / "accelerate"
 

@@ -142,7 +142,7 @@ def _prepare_with_copies(root, copies, rename_prob=0.5):
             base.augment, copies=copies, shuffle_schema=True, rename_prob=rename_prob
         ),
     )
-    metrics = prepare(params, 42, root)
+    metrics = prepare(params, 42, root / "data/raw/spider", root / "data/prepared")
     read = lambda n: [json.loads(l) for l in open(root / "data/prepared" / n)]  # noqa: E731
     return metrics, read("sft.jsonl"), read("grpo.jsonl")
 
@@ -179,7 +179,8 @@ def test_augmented_rows_do_not_depend_on_the_hash_seed(tmp_path, spider_dir):
         "from sqlrl.data.prepare import prepare; b = load_params().prepare; "
         "prepare(dataclasses.replace(b, heldout_fraction=0.0, mark_schema_mentions=True, "
         "augment=dataclasses.replace(b.augment, copies=2, shuffle_schema=True, "
-        "rename_prob=0.5)), 42, Path(sys.argv[1]))"
+        "rename_prob=0.5)), 42, Path(sys.argv[1], 'data/raw/spider'), "
+        "Path(sys.argv[1], 'data/prepared'))"
     )
     outputs = []
     for hash_seed in ("1", "2"):

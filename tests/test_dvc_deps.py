@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sqlrl.paths import REPO_ROOT
+from tests.repo_tools import REPO_ROOT
 
 PACKAGES = ("sqlrl", "stages")
 
@@ -93,3 +93,33 @@ def test_bytecode_is_not_part_of_a_code_folder_dep():
     pyc = "sqlrl/sql/__pycache__/executor.cpython-311.pyc"
     done = subprocess.run(["dvc", "check-ignore", pyc], cwd=REPO_ROOT, capture_output=True)
     assert done.returncode == 0, f"{pyc} is not in .dvcignore: a folder dep would hash it"
+
+
+def _declared(body: dict, key: str) -> list[str]:
+    return [next(iter(e)) if isinstance(e, dict) else str(e) for e in body.get(key) or []]
+
+
+@pytest.mark.parametrize("stage", [s[0] for s in _stages()])
+def test_the_cmd_names_every_file_the_stage_reads_and_writes(stage):
+    """dvc.yaml is the one place files are named: a stage that read or wrote a path its cmd
+    does not pass would hold that path in code, where dvc.yaml can drift from it."""
+    stage_yaml = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"][stage]
+    for name, body in _instances(stage_yaml):
+        words = body["cmd"].split()
+        files = [d for d in _declared(body, "deps") if not d.startswith(PACKAGES)]
+        files += _declared(body, "outs") + _declared(body, "metrics") + _declared(body, "plots")
+        unnamed = [f for f in files if not any(f == w or f.startswith(w + "/") for w in words)]
+        assert not unnamed, f"dvc.yaml stage {name}: its cmd does not pass {unnamed}"
+
+
+def _instances(stage: dict) -> list[tuple[str, dict]]:
+    """A plain stage, or each stage a `foreach` makes, with ${key} and ${item.*} filled in."""
+    if "foreach" not in stage:
+        return [("", stage)]
+    out = []
+    for key, item in stage["foreach"].items():
+        text = yaml.safe_dump(stage["do"]).replace("${key}", key)
+        for field, value in item.items():
+            text = text.replace("${item.%s}" % field, value)
+        out.append((key, yaml.safe_load(text)))
+    return out

@@ -16,7 +16,7 @@ from sqlrl.eval.evaluate import evaluate_model, evaluate_split
 from sqlrl.eval.voting import vote
 from sqlrl.jsonio import read_json, read_jsonl
 from sqlrl.params import EvalParams
-from sqlrl.paths import REPO_ROOT
+from tests.repo_tools import REPO_ROOT
 from tests.test_generate import tiny  # noqa: F401  (the tiny-model fixture)
 
 GOLD_COUNT = "SELECT count(*) FROM singer"
@@ -153,16 +153,17 @@ def test_ex_all_counts_skipped_questions_as_wrong(dev_rows, prepared_dir, spider
         spider_dir=spider_dir,
     )
     # dev: 6 right of the 10 that ran, 2 skipped
-    assert (metrics["ex"], metrics["n"], metrics["skipped"]) == (pytest.approx(0.6), 10, ABSENT)
-    assert metrics["ex_all"] == pytest.approx(6 / 12, abs=1e-6)
-    for level, m in metrics["by_hardness"].items():
+    dev = metrics["dev"]
+    assert (dev["ex"], dev["n"], dev["skipped"]) == (pytest.approx(0.6), 10, ABSENT)
+    assert dev["ex_all"] == pytest.approx(6 / 12, abs=1e-6)
+    for level, m in dev["by_hardness"].items():
         rows = [p for p in preds["dev"] if p["hardness"] == level]
         if rows:
             assert m["ex_all"] == pytest.approx(
                 sum(p["ex"] or 0 for p in rows) / len(rows), abs=1e-6
             ), level
             assert m["n"] + m["skipped"] == len(rows)
-    assert sum(m["skipped"] for m in metrics["by_hardness"].values()) == ABSENT
+    assert sum(m["skipped"] for m in dev["by_hardness"].values()) == ABSENT
     # held-out: all 3 that ran are right, 1 skipped
     held = metrics["heldout"]
     assert (held["ex"], held["n"], held["skipped"]) == (1.0, 3, 1)
@@ -259,7 +260,7 @@ def test_evaluate_model_heldout_split_and_empty_splits(
         render=_render,
         spider_dir=spider_dir,
     )
-    assert metrics["ex"] == pytest.approx(0.6) and metrics["n"] == 10
+    assert metrics["dev"]["ex"] == pytest.approx(0.6) and metrics["dev"]["n"] == 10
     assert metrics["heldout"]["ex"] == 1.0 and metrics["heldout"]["n"] == len(heldout)
     assert [p["pred"] for p in preds["heldout"]] == [r["gold"] for r in heldout]
 
@@ -278,10 +279,12 @@ def test_evaluate_model_heldout_split_and_empty_splits(
 def test_stage_writes_metrics_and_predictions_with_a_tiny_model(
     tiny,  # noqa: F811
     prepared_dir,
+    spider_dir,
     tmp_path,
     capsys,
 ):
-    from stages.evaluate import main
+    from stages import evaluate as stage
+    from stages import parse_stage_args
 
     _, _, model_path = tiny
     rows = read_jsonl(prepared_dir / "dev.jsonl")
@@ -296,19 +299,30 @@ def test_stage_writes_metrics_and_predictions_with_a_tiny_model(
     )
     (tmp_path / "params.yaml").write_text(params)
 
-    assert main(["tiny"], root=tmp_path) == 0
+    def run(model: str) -> int:
+        out = tmp_path / "data" / "predictions"
+        argv = ["--model", str(tmp_path / "models" / model), "--spider", str(spider_dir)]
+        argv += ["--dev", str(prepared / "dev.jsonl"), "--heldout", str(prepared / "heldout.jsonl")]
+        argv += ["--predictions", str(out / f"{model}.jsonl")]
+        argv += ["--heldout-predictions", str(out / f"{model}_heldout.jsonl")]
+        argv += ["--metrics", str(tmp_path / "metrics" / f"eval_{model}.json")]
+        argv += ["--params", str(tmp_path / "params.yaml")]
+        return stage.main(parse_stage_args("evaluate", stage.arguments, argv=argv))
+
+    assert run("tiny") == 0
     metrics = read_json(tmp_path / "metrics" / "eval_tiny.json")
-    assert (metrics["n"], metrics["skipped"]) == (3, 1)
-    assert 0.0 <= metrics["ex"] <= 1.0 and metrics["examples_per_second"] > 0
-    assert metrics["ex_all"] == pytest.approx(metrics["ex"] * 3 / 4, abs=1e-6)
-    assert metrics["generated_tokens"] <= 3 * 6
-    assert "heldout" not in metrics
+    assert set(metrics) == {"dev", "generation"}  # held-out has no rows: no "heldout"
+    scored = metrics["dev"]
+    assert (scored["n"], scored["skipped"]) == (3, 1)
+    assert 0.0 <= scored["ex"] <= 1.0 and scored["examples_per_second"] > 0
+    assert scored["ex_all"] == pytest.approx(scored["ex"] * 3 / 4, abs=1e-6)
+    assert scored["generated_tokens"] <= 3 * 6
     lines = (tmp_path / "data" / "predictions" / "tiny.jsonl").read_text().splitlines()
     assert [json.loads(x)["question"] for x in lines] == [r["question"] for r in dev]
     assert (tmp_path / "data" / "predictions" / "tiny_heldout.jsonl").read_text() == ""
     out = capsys.readouterr().out
     assert "evaluate@tiny: dev EX" in out and "EX with skipped as wrong" in out and "of 4" in out
-    assert main(["missing"], root=tmp_path) == 1
+    assert run("missing") == 1
 
 
 def test_only_absent_databases_loads_no_model(dev_rows, spider_dir, tmp_path):
@@ -329,12 +343,19 @@ def test_only_absent_databases_loads_no_model(dev_rows, spider_dir, tmp_path):
         {"dev": tmp_path / "dev.jsonl", "heldout": tmp_path / "missing.jsonl"},
         spider_dir=spider_dir,
     )
-    assert (metrics["n"], metrics["skipped"], metrics["ex"]) == (0, ABSENT, None)
-    assert metrics["ex_all"] == 0.0  # every question counted, none answered
-    assert metrics["executable"] is None and "heldout" not in metrics
+    dev = metrics["dev"]
+    assert (dev["n"], dev["skipped"], dev["ex"]) == (0, ABSENT, None)
+    assert dev["ex_all"] == 0.0  # every question counted, none answered
+    assert dev["executable"] is None and "heldout" not in metrics
     assert [p["status"] for p in preds["dev"]] == ["skipped"] * ABSENT and preds["heldout"] == []
     with pytest.raises(FileNotFoundError):
-        evaluate_model(tmp_path / "no-such-model", params, 0, {"dev": tmp_path / "nope.jsonl"})
+        evaluate_model(
+            tmp_path / "no-such-model",
+            params,
+            0,
+            {"dev": tmp_path / "nope.jsonl"},
+            spider_dir=spider_dir,
+        )
 
 
 def test_a_damaged_database_is_an_error_naming_it_not_a_zero(dev_rows, spider_dir, tmp_path):

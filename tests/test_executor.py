@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sqlrl.paths import REPO_ROOT
 from sqlrl.sql.executor import ExecLimits, SQLExecutor, Verdict, execute
+from tests.repo_tools import REPO_ROOT
 
 RUNAWAY = "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) SELECT count(*) FROM r"
 CARTESIAN = (

@@ -499,8 +499,8 @@ def test_pass_rate_filter_samples_through_the_generator_factory(
     import yaml
 
     from sqlrl.jsonio import read_json, read_jsonl
-    from sqlrl.paths import REPO_ROOT
-    from stages import grpo_prompts
+    from stages import grpo_prompts, parse_stage_args
+    from tests.repo_tools import REPO_ROOT, SPIDER_DIR
 
     _, tokenizer, model_path = tiny
     rows = read_jsonl(prepared_dir / "grpo.jsonl")[:6]
@@ -523,7 +523,13 @@ def test_pass_rate_filter_samples_through_the_generator_factory(
         render_prompt(tokenizer, r["prompt"]): [r["gold_sql"], "SELECT 0"] * 2 for r in rows
     }
 
-    assert grpo_prompts.main(tmp_path) == 0
+    argv = ["--model", str(tmp_path / "models" / "sft"), "--spider", str(SPIDER_DIR)]
+    argv += ["--prompts", str(tmp_path / "data" / "prepared" / "grpo.jsonl")]
+    argv += ["--out", str(tmp_path / "data" / "grpo_prompts.jsonl")]
+    argv += ["--metrics", str(tmp_path / "metrics" / "grpo_prompts.json")]
+    argv += ["--params", str(tmp_path / "params.yaml")]
+    args = parse_stage_args("grpo_prompts", grpo_prompts.arguments, argv=argv)
+    assert grpo_prompts.main(args) == 0
     (llm,) = _FakeLLM.instances
     assert llm.kwargs["model"] == str(tmp_path / "models" / "sft")
     assert llm.kwargs["generation_config"] == "vllm"

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from sqlrl.paths import REPO_ROOT
+from tests.repo_tools import REPO_ROOT
 
 # ~4 minutes: TRL's GRPO log-prob head scores all 152k logits at every position without Triton
 pytestmark = pytest.mark.slow

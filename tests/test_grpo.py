@@ -8,16 +8,17 @@ import json
 import pytest
 import torch
 
+from sqlrl.data.prepare import recorded_path
 from sqlrl.data.prompts import build_messages, compact_schema
 from sqlrl.data.spider import database_path, load_examples, load_schemas
 from sqlrl.model.modeling import build_scratch_model, to_transformers_tokenizer, train_tokenizer
 from sqlrl.params import ArchitectureParams, compose_params, params_from_dict
-from sqlrl.paths import relative_to_root
 from sqlrl.sql.executor import SQLExecutor
 from sqlrl.train.grpo import StepTimer, reward_functions, summarize_log, train_grpo
 from sqlrl.train.grpo_prompts import select_prompts
 from sqlrl.train.merge import merge_adapter
 from sqlrl.train.rewards import make_rewards
+from tests.repo_tools import SPIDER_DIR
 
 ARCH = ArchitectureParams(
     hidden_size=32,
@@ -41,7 +42,7 @@ def rows(spider_dir):
             "gold_sql": e.query,
             "db_id": e.db_id,
             "question": e.question,
-            "db_path": relative_to_root(database_path(spider_dir, e.db_id)),
+            "db_path": recorded_path(database_path(spider_dir, e.db_id)),
         }
         for e in examples
     ]
@@ -301,7 +302,7 @@ def test_on_a_cpu_only_completion_tokens_are_scored_with_the_same_log_probs(tiny
 def test_resume_continues_only_a_run_of_the_same_params(rows, tiny_sft, tmp_path, capsys):
     """An interrupted run resumes from its checkpoint; after a params change the old run's
     checkpoint is not resumed (its result would be recorded as the new params' output)."""
-    rewards = reward_functions(_grpo_params())
+    rewards = reward_functions(_grpo_params(), SPIDER_DIR)
 
     def run(**changes):
         params = _grpo_params(

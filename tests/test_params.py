@@ -6,19 +6,19 @@ import pytest
 import yaml
 
 from sqlrl.params import (
-    PARAMS_FILE,
     ParamsError,
     compose_params,
     composed_yaml,
     load_params,
     params_from_dict,
 )
+from tests.repo_tools import REPO_ROOT
 
 PROFILES = ["cpu", "smoke", "qwen2.5-coder-3b"]
 
 
 def test_committed_params_yaml_is_the_composed_default_profile():
-    assert PARAMS_FILE.read_text() == composed_yaml(), (
+    assert (REPO_ROOT / "params.yaml").read_text() == composed_yaml(), (
         "params.yaml is stale: recompose it with `python -m sqlrl.params > params.yaml`"
     )
     assert load_params().profile == "cpu"
@@ -91,7 +91,7 @@ def test_every_profile_sets_precision_and_checkpointing_itself(profile):
     """TRL defaults bf16=True and gradient_checkpointing=True: a profile that inherits them
     from conf/config.yaml runs bf16 autocast (33x slower on an AVX2 CPU) or recomputes
     activations without meaning to. Each sets both, in its YAML or a profile it extends."""
-    conf = PARAMS_FILE.parent / "conf" / "profile"
+    conf = (REPO_ROOT / "params.yaml").parent / "conf" / "profile"
     chain, todo = [], [profile]
     while todo:
         data = yaml.safe_load((conf / f"{todo.pop()}.yaml").read_text())
@@ -131,7 +131,7 @@ def test_overrides_compose_like_dvc_exp_run_set_param():
 
 
 def _params_dict():
-    return yaml.safe_load(PARAMS_FILE.read_text())
+    return yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
 
 
 def test_unknown_key_is_named():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -44,13 +45,19 @@ def _params(**changes):
     return dataclasses.replace(base, **changes)
 
 
+def _prepare(root, params, seed):
+    """The prepare stage as DVC runs it: from the repo root, with the paths dvc.yaml passes."""
+    with contextlib.chdir(root):
+        return prepare(params, seed, "data/raw/spider", "data/prepared")
+
+
 def _read(root, name):
     with open(root / "data" / "prepared" / name, encoding="utf-8") as fh:
         return [json.loads(line) for line in fh]
 
 
 def test_prepare_writes_all_splits_and_counts_absent_databases(mini_root):
-    metrics = prepare(_params(heldout_fraction=0.1), seed=42, root=mini_root)
+    metrics = _prepare(mini_root, _params(heldout_fraction=0.1), seed=42)
     sft, grpo = _read(mini_root, "sft.jsonl"), _read(mini_root, "grpo.jsonl")
     dev, heldout = _read(mini_root, "dev.jsonl"), _read(mini_root, "heldout.jsonl")
     assert len(sft) == len(grpo) == metrics["train"]["sft"] > 0
@@ -75,7 +82,7 @@ def test_prepare_writes_all_splits_and_counts_absent_databases(mini_root):
 def test_train_examples_of_absent_databases_are_counted_not_dropped_silently(mini_root):
     spider = mini_root / "data" / "raw" / "spider"
     shutil.rmtree(spider / "database" / "farm")
-    metrics = prepare(_params(heldout_fraction=0.0), seed=1, root=mini_root)
+    metrics = _prepare(mini_root, _params(heldout_fraction=0.0), seed=1)
     n_farm = sum(
         e["db_id"] == "farm" for e in json.loads((spider / "train_spider.json").read_text())
     )
@@ -85,11 +92,11 @@ def test_train_examples_of_absent_databases_are_counted_not_dropped_silently(min
 
 
 def test_prepare_is_deterministic_and_seed_changes_the_heldout_split(mini_root):
-    prepare(_params(), seed=7, root=mini_root)
+    _prepare(mini_root, _params(), seed=7)
     first = _read(mini_root, "heldout.jsonl")
-    prepare(_params(), seed=7, root=mini_root)
+    _prepare(mini_root, _params(), seed=7)
     assert _read(mini_root, "heldout.jsonl") == first
-    prepare(_params(), seed=8, root=mini_root)
+    _prepare(mini_root, _params(), seed=8)
     assert _read(mini_root, "heldout.jsonl") != first
 
 
@@ -117,7 +124,7 @@ def test_no_heldout_gold_query_is_trained_on_in_the_real_prepared_data(spider_di
     root = tmp_path
     (root / "data" / "raw").mkdir(parents=True)
     (root / "data" / "raw" / "spider").symlink_to(spider_dir)
-    metrics = prepare(load_params().prepare, load_params().seed, root=root)
+    metrics = _prepare(root, load_params().prepare, load_params().seed)
     heldout = _read(root, "heldout.jsonl")
     assert len(heldout) > 500 and metrics["train"]["groups_heldout"] > 0
     held = {(r["db_id"], query_key(r["gold"])) for r in heldout}
@@ -129,26 +136,26 @@ def test_no_heldout_gold_query_is_trained_on_in_the_real_prepared_data(spider_di
 
 
 def test_ddl_format_with_sample_rows(mini_root):
-    prepare(_params(schema_format="ddl", sample_rows=2), seed=1, root=mini_root)
+    _prepare(mini_root, _params(schema_format="ddl", sample_rows=2), seed=1)
     user = _read(mini_root, "sft.jsonl")[0]["prompt"][1]["content"]
     assert "CREATE TABLE" in user and "2 example rows from" in user
 
 
 def test_limits_cut_the_splits_for_the_smoke_profile(mini_root):
-    metrics = prepare(_params(max_train_examples=5, max_dev_examples=3), seed=1, root=mini_root)
+    metrics = _prepare(mini_root, _params(max_train_examples=5, max_dev_examples=3), seed=1)
     assert (metrics["train"]["sft"], metrics["dev"]["examples"]) == (5, 3)
     assert len(_read(mini_root, "dev.jsonl")) == 3
 
 
 def test_missing_spider_says_to_pull(tmp_path):
     with pytest.raises(SpiderDataError, match="dvc pull"):
-        prepare(_params(), seed=1, root=tmp_path)
+        _prepare(tmp_path, _params(), seed=1)
 
 
 def test_malformed_file_is_named(mini_root):
     (mini_root / "data/raw/spider/dev.json").write_text("[{not json")
     with pytest.raises(SpiderDataError, match=r"dev.json: not valid JSON"):
-        prepare(_params(), seed=1, root=mini_root)
+        _prepare(mini_root, _params(), seed=1)
 
 
 def test_unknown_db_id_names_the_file_and_item(mini_root):
@@ -157,7 +164,7 @@ def test_unknown_db_id_names_the_file_and_item(mini_root):
     items[3]["db_id"] = "no_such_db"
     path.write_text(json.dumps(items))
     with pytest.raises(SpiderDataError, match=r"dev.json: item 3 names db_id 'no_such_db'"):
-        prepare(_params(), seed=1, root=mini_root)
+        _prepare(mini_root, _params(), seed=1)
 
 
 def test_schema_without_tables_is_named(mini_root):
@@ -173,7 +180,7 @@ def test_schema_without_tables_is_named(mini_root):
     with pytest.raises(
         SpiderDataError, match=f"'{tables[0]['db_id']}' has a schema with no tables"
     ):
-        prepare(_params(), seed=1, root=mini_root)
+        _prepare(mini_root, _params(), seed=1)
 
 
 def test_unencodable_question_is_named(mini_root):
@@ -184,7 +191,7 @@ def test_unencodable_question_is_named(mini_root):
     with pytest.raises(
         SpiderDataError, match=r"train_spider.json: item 2 question: not valid Unicode"
     ):
-        prepare(_params(), seed=1, root=mini_root)
+        _prepare(mini_root, _params(), seed=1)
 
 
 def test_missing_field_is_named(mini_root):
@@ -193,11 +200,11 @@ def test_missing_field_is_named(mini_root):
     del items[0]["query"]
     path.write_text(json.dumps(items))
     with pytest.raises(SpiderDataError, match=r"train_spider.json: item 0 lacks query"):
-        prepare(_params(), seed=1, root=mini_root)
+        _prepare(mini_root, _params(), seed=1)
 
 
 def test_schema_mentions_are_marked_in_every_split(mini_root):
-    prepare(_params(mark_schema_mentions=True), seed=1, root=mini_root)
+    _prepare(mini_root, _params(mark_schema_mentions=True), seed=1)
     for name in ("sft.jsonl", "grpo.jsonl", "heldout.jsonl"):
         assert all("Schema mentions:" in r["prompt"][1]["content"] for r in _read(mini_root, name))
     dev = [r for r in _read(mini_root, "dev.jsonl") if r["prompt"]]
@@ -212,7 +219,7 @@ def test_augmentation_with_sample_rows_is_refused(mini_root):
     base = load_params().prepare.augment
     aug = dataclasses.replace(base, copies=1, rename_prob=0.5)
     with pytest.raises(ParamsError, match="sample_rows"):
-        prepare(_params(schema_format="ddl", sample_rows=1, augment=aug), seed=1, root=mini_root)
+        _prepare(mini_root, _params(schema_format="ddl", sample_rows=1, augment=aug), seed=1)
 
 
 def _largest_db_tokens(root, rows):
@@ -249,9 +256,9 @@ def test_max_prompt_tokens_trims_sample_rows_of_large_schemas_only(mini_root):
     }
     biggest = max(sizes, key=sizes.get)
     budget = max(v for k, v in sizes.items() if k != biggest) + QUESTION_TOKENS  # all but one fit
-    assert prepare(params, seed=1, root=mini_root)["sample_rows_reduced"] == {}
+    assert _prepare(mini_root, params, seed=1)["sample_rows_reduced"] == {}
 
-    metrics = prepare(dataclasses.replace(params, max_prompt_tokens=budget), seed=1, root=mini_root)
+    metrics = _prepare(mini_root, dataclasses.replace(params, max_prompt_tokens=budget), seed=1)
     assert set(metrics["sample_rows_reduced"]) == {biggest}
     assert metrics["sample_rows_reduced"][biggest] < 3
     rows = _read(mini_root, "sft.jsonl")

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from sqlrl.paths import REPO_ROOT
 from stages.publish import main
+from tests.repo_tools import REPO_ROOT
 
 
 @pytest.fixture

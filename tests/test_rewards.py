@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from sqlrl.paths import REPO_ROOT
 from sqlrl.sql.executor import ExecLimits
 from sqlrl.train.rewards import execution_reward, make_execution_reward, make_rewards, syntax_reward
+from tests.repo_tools import REPO_ROOT
 
 GOLD = "SELECT name FROM singer WHERE age > 40"
 SLOW = (

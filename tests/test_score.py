@@ -10,7 +10,7 @@ import time
 import pytest
 
 from sqlrl.eval.score import main, read_gold, score_predictions
-from sqlrl.paths import REPO_ROOT
+from tests.repo_tools import REPO_ROOT
 
 
 @pytest.fixture(scope="module")

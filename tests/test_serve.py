@@ -26,10 +26,10 @@ import torch
 from fastapi.testclient import TestClient  # a hard dependency: never skip these tests
 
 from sqlrl.data.prompt_settings import PromptSettingsError, write_prompt_settings
-from sqlrl.paths import SPIDER_DIR
 from sqlrl.serve import PromptSettings, ServeConfig, create_app, schema_from_ddl
 from sqlrl.serve.backends import BackendOptions, BatchingBackend, Busy, make_backend
 from sqlrl.serve.prompting import PromptBuilder
+from tests.repo_tools import SPIDER_DIR
 
 SETTINGS = PromptSettings("compact", 0, "You are a text-to-SQL assistant.")
 COUNT_SQL = "SELECT count(*) FROM singer"

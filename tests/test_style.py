@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from sqlrl.paths import REPO_ROOT
+from tests.repo_tools import REPO_ROOT
 
 
 def _ruff(*args: str) -> subprocess.CompletedProcess:

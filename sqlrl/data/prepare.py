@@ -1,9 +1,9 @@
 """Spider release -> the prepared JSONL files every later stage reads.
 
-Outputs (in data/prepared/):
+Outputs (in the out_dir dvc.yaml names, data/prepared/):
 - sft.jsonl: TRL conversational prompt/completion rows (+ db_id);
-- grpo.jsonl: prompt, gold_sql, db_path (relative to the repo root), db_id, question (for the
-  reward's schema repair);
+- grpo.jsonl: prompt, gold_sql, db_path (relative to the working directory, the repo root under
+  DVC, so the files are machine-independent), db_id, question (for the reward's schema repair);
 - dev.jsonl and heldout.jsonl: question, gold, db_id, db_path, db_present, prompt.
 Training examples whose database file is absent are skipped and counted (their SQL cannot be
 executed for the reward). Dev examples keep their row with db_present=false, so evaluation
@@ -12,6 +12,7 @@ reports them as skipped instead of losing them.
 
 from __future__ import annotations
 
+import os
 import random
 import statistics
 from collections import defaultdict
@@ -30,7 +31,6 @@ from sqlrl.data.spider import (
 )
 from sqlrl.jsonio import write_jsonl
 from sqlrl.params import ParamsError, PrepareParams
-from sqlrl.paths import PREPARED_REL, REPO_ROOT, SPIDER_REL, relative_to_root
 
 
 @dataclass
@@ -184,7 +184,17 @@ def _token_stats(sft_rows: list[dict]) -> dict:
     }
 
 
-def _eval_row(example: Example, prompts: PromptFactory, root: Path) -> dict:
+def recorded_path(path: str | Path) -> str:
+    """`path` as rows record it: POSIX and relative to the working directory when inside it
+    (symlinks not followed, so a linked Spider keeps its path in the repo), else absolute."""
+    absolute = Path(os.path.abspath(path))
+    try:
+        return absolute.relative_to(os.path.abspath(os.curdir)).as_posix()
+    except ValueError:
+        return absolute.as_posix()
+
+
+def _eval_row(example: Example, prompts: PromptFactory) -> dict:
     """An evaluation row; no prompt when the database is absent (it is scored as skipped)."""
     db_path = database_path(prompts.spider_dir, example.db_id)
     present = db_path.is_file()
@@ -192,16 +202,16 @@ def _eval_row(example: Example, prompts: PromptFactory, root: Path) -> dict:
         "question": example.question,
         "gold": example.query,
         "db_id": example.db_id,
-        "db_path": relative_to_root(db_path, root),
+        "db_path": recorded_path(db_path),
         "db_present": present,
         "prompt": prompts.messages(example) if present else None,
     }
 
 
-def prepare(params: PrepareParams, seed: int, root: Path = REPO_ROOT) -> dict:
-    """Read root/data/raw/spider, write root/data/prepared, return metrics/prepare.json."""
-    spider_dir = root / SPIDER_REL
-    out_dir = root / PREPARED_REL
+def prepare(params: PrepareParams, seed: int, spider_dir: str | Path, out_dir: str | Path) -> dict:
+    """Read the Spider release in `spider_dir`, write the four JSONL files into `out_dir`,
+    return metrics/prepare.json."""
+    spider_dir, out_dir = Path(spider_dir), Path(out_dir)
     if not spider_dir.is_dir():
         raise SpiderDataError(
             f"{spider_dir}: Spider is not there (run `dvc pull`, or put a Spider release there)"
@@ -234,12 +244,12 @@ def prepare(params: PrepareParams, seed: int, root: Path = REPO_ROOT) -> dict:
                 "gold_sql": ex.query,
                 "db_id": ex.db_id,
                 "question": ex.question,
-                "db_path": relative_to_root(database_path(spider_dir, ex.db_id), root),
+                "db_path": recorded_path(database_path(spider_dir, ex.db_id)),
             }
         )
     augment_stats = augment_rows(sft_rows, train, schemas, params, seed)
-    dev_rows = [_eval_row(ex, prompts, root) for ex in dev]
-    heldout_rows = [_eval_row(ex, prompts, root) for ex in heldout]
+    dev_rows = [_eval_row(ex, prompts) for ex in dev]
+    heldout_rows = [_eval_row(ex, prompts) for ex in heldout]
 
     write_jsonl(out_dir / "sft.jsonl", sft_rows)
     write_jsonl(out_dir / "grpo.jsonl", grpo_rows)

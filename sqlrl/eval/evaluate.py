@@ -1,8 +1,9 @@
 """Evaluation: generate SQL for every question that has a prompt, extract it, score it.
 
-    metrics, predictions = evaluate_model("models/sft", params.eval, params.seed,
-                                          {"dev": "data/prepared/dev.jsonl",
-                                           "heldout": "data/prepared/heldout.jsonl"})
+    metrics, predictions = evaluate_model(
+        "models/sft", params.eval, params.seed,
+        {"dev": "data/prepared/dev.jsonl", "heldout": "data/prepared/heldout.jsonl"},
+        spider_dir="data/raw/spider")
 
 - Rows whose database is absent (`prompt` null) are not generated for: they are predictions
   with status "skipped", ex/em null, counted in `skipped` (never scored as wrong).
@@ -22,8 +23,9 @@ correct / (n + skipped), the denominator of published Spider numbers), ex_nontri
 without the n_trivial_gold questions whose gold result is empty or only 0/NULL, which wrong
 queries match easily), n (scored), skipped, by_hardness (each level with ex_all too), errors,
 executable (share of scored predictions that ran without error), generation_seconds,
-examples_per_second, repaired (with schema repair). The dev split's fields are at the top
-level, the held-out split's under "heldout" (when it has rows).
+examples_per_second, repaired (with schema repair). Each split's metrics are under its name
+({"dev": {...}, "heldout": {...}}; a split other than dev without rows is left out), next to
+"generation" (the decoding settings used).
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ from pathlib import Path
 from sqlrl.errors import PipelineError
 from sqlrl.eval.voting import self_consistency
 from sqlrl.jsonio import read_jsonl
-from sqlrl.paths import SPIDER_DIR
 
 PRIMARY_SPLIT = "dev"
 EVAL_ROW_KEYS = ("question", "gold", "db_id", "prompt")  # what prepare writes for a split
@@ -78,7 +79,7 @@ def evaluate_split(
     num_samples: int = 1,
     temperature: float = 0.0,
     seed: int = 0,
-    spider_dir: str | Path = SPIDER_DIR,
+    spider_dir: str | Path,
     schema_repair: bool = False,
     workers: int | None = None,
 ) -> tuple[dict, list[dict]]:
@@ -223,17 +224,18 @@ def evaluate_model(
     seed: int,
     splits: dict[str, str | Path],
     *,
+    spider_dir: str | Path,
     generator=None,
     render: Callable[[list[dict]], str] | None = None,
-    spider_dir: str | Path = SPIDER_DIR,
     workers: int | None = None,
     progress: bool = True,
 ) -> tuple[dict, dict[str, list[dict]]]:
     """Evaluate one model on each split. `params` is the `eval` section (EvalParams).
 
-    Returns (metrics, predictions per split): the "dev" split's metrics at the top level,
-    every other non-empty split's under its name. `generator`/`render` replace the model
-    (tests, or a caller that already holds one); otherwise `make_generator` loads model_dir.
+    Returns (metrics, predictions per split): each split's metrics under its name ("dev"
+    always, another split only when it has rows). `spider_dir` holds the databases.
+    `generator`/`render` replace the model (tests, or a caller that already holds one);
+    otherwise `make_generator` loads model_dir.
     """
     if PRIMARY_SPLIT not in splits:
         raise ValueError(f"splits must include {PRIMARY_SPLIT!r}")
@@ -274,9 +276,7 @@ def evaluate_model(
             schema_repair=params.schema_repair,
             workers=workers,
         )
-        if name == PRIMARY_SPLIT:
-            metrics.update(split_metrics)
-        elif rows:
+        if name == PRIMARY_SPLIT or rows:
             metrics[name] = split_metrics
     if generator is not None:
         from sqlrl.model.generate import decoding_summary

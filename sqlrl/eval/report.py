@@ -21,10 +21,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sqlrl.paths import REPO_ROOT
+from sqlrl.eval.score import HARDNESS_LEVELS as HARDNESS
 
-HARDNESS = ("easy", "medium", "hard", "extra")
-STAGES = ("base", "sft", "final")
+MODELS = {"base": "base", "sft": "SFT", "final": "GRPO (final)"}  # evaluate@<name> in dvc.yaml
 CURVES = {  # title -> (dvclive plots file, relative to the repo root)
     "SFT loss": "dvclive/sft/plots/metrics/loss.tsv",
     "GRPO reward": "dvclive/grpo/plots/metrics/reward.tsv",
@@ -33,7 +32,7 @@ CURVES = {  # title -> (dvclive plots file, relative to the repo root)
 MAX_FLIPS = 30
 
 
-def git_show(rev: str, path: str, root: Path = REPO_ROOT) -> str | None:
+def git_show(rev: str, path: str, root: str | Path = ".") -> str | None:
     """A file's text at `rev`, or None when it did not exist there."""
     proc = subprocess.run(
         ["git", "show", f"{rev}:{path}"], cwd=root, capture_output=True, text=True
@@ -41,13 +40,21 @@ def git_show(rev: str, path: str, root: Path = REPO_ROOT) -> str | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def workspace_text(path: str, root: Path = REPO_ROOT) -> str | None:
-    p = root / path
+def workspace_text(path: str, root: str | Path = ".") -> str | None:
+    p = Path(root) / path
     return p.read_text(encoding="utf-8") if p.is_file() else None
 
 
 def _json_or_none(text: str | None) -> dict | None:
     return json.loads(text) if text else None
+
+
+def by_split(metrics: dict | None) -> dict | None:
+    """An evaluation's metrics as {"dev": ..., "heldout": ...}. Revisions before this layout
+    kept dev's at the top level and held-out's under "heldout": a baseline may be one."""
+    if not metrics or "dev" in metrics:
+        return metrics
+    return {"dev": metrics, **({"heldout": metrics["heldout"]} if "heldout" in metrics else {})}
 
 
 def _jsonl(text: str | None) -> list[dict]:
@@ -67,7 +74,7 @@ def _delta(new, old) -> str:
     return ""
 
 
-def dvc_diff_table(kind: str, baseline: str, root: Path = REPO_ROOT) -> str:
+def dvc_diff_table(kind: str, baseline: str, root: str | Path = ".") -> str:
     """`dvc params diff --md` / `dvc metrics diff --md` against `baseline`, as DVC prints it."""
     run = subprocess.run(
         ["dvc", kind, "diff", baseline, "--md"],
@@ -84,14 +91,15 @@ def dvc_diff_table(kind: str, baseline: str, root: Path = REPO_ROOT) -> str:
 def accuracy_table(old: dict[str, dict | None], new: dict[str, dict | None]) -> str:
     """EX/EM per stage and hardness, this revision vs baseline."""
     lines = ["| model | split | EX | ΔEX | EM | ΔEM | n |", "|---|---|---|---|---|---|---|"]
-    for stage in STAGES:
-        cur, base = new.get(stage), old.get(stage) or {}
+    for stage in MODELS:
+        cur, base = by_split(new.get(stage)), by_split(old.get(stage)) or {}
         if not cur:
             continue
         held, held_base = cur.get("heldout") or {}, base.get("heldout") or {}
-        rows = [("dev", cur, base), ("dev, non-trivial gold", *_nontrivial(cur, base))]
+        dev, dev_base = cur["dev"], base.get("dev") or {}
+        rows = [("dev", dev, dev_base), ("dev, non-trivial gold", *_nontrivial(dev, dev_base))]
         rows += [
-            (h, cur.get("by_hardness", {}).get(h, {}), base.get("by_hardness", {}).get(h, {}))
+            (h, dev.get("by_hardness", {}).get(h, {}), dev_base.get("by_hardness", {}).get(h, {}))
             for h in HARDNESS
         ]
         rows += [
@@ -176,7 +184,7 @@ def _read_curve(text: str | None) -> tuple[list[float], list[float]]:
 
 
 def render_plots(
-    out_dir: Path, baseline: str, new_evals: dict, root: Path = REPO_ROOT
+    out_dir: Path, baseline: str, new_evals: dict, root: str | Path = "."
 ) -> list[str]:
     """PNG files for the report; returns their names (only the plots that have data)."""
     import matplotlib
@@ -204,12 +212,12 @@ def render_plots(
         fig.savefig(out_dir / name, dpi=100)
         plt.close(fig)
         names.append(name)
-    stages = [s for s in STAGES if new_evals.get(s)]
+    stages = [s for s in MODELS if new_evals.get(s)]
     if stages:
         fig, ax = plt.subplots(figsize=(6, 3.5))
         width = 0.8 / len(stages)
         for k, stage in enumerate(stages):
-            by = new_evals[stage].get("by_hardness", {})
+            by = by_split(new_evals[stage])["dev"].get("by_hardness", {})
             ax.bar(
                 [i + k * width for i in range(len(HARDNESS))],
                 [by.get(h, {}).get("ex") or 0 for h in HARDNESS],
@@ -226,7 +234,7 @@ def render_plots(
     return names
 
 
-def build_report(baseline: str, out_dir: Path, root: Path = REPO_ROOT) -> Path:
+def build_report(baseline: str, out_dir: Path, root: str | Path = ".") -> Path:
     """Write out_dir/report.md (+ PNGs) comparing the workspace with `baseline`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     if (
@@ -238,9 +246,9 @@ def build_report(baseline: str, out_dir: Path, root: Path = REPO_ROOT) -> Path:
         != 0
     ):
         raise ValueError(f"baseline {baseline!r} is not a git revision of {root}")
-    new_evals = {s: _json_or_none(workspace_text(f"metrics/eval_{s}.json", root)) for s in STAGES}
+    new_evals = {s: _json_or_none(workspace_text(f"metrics/eval_{s}.json", root)) for s in MODELS}
     old_evals = {
-        s: _json_or_none(git_show(baseline, f"metrics/eval_{s}.json", root)) for s in STAGES
+        s: _json_or_none(git_show(baseline, f"metrics/eval_{s}.json", root)) for s in MODELS
     }
     parts = [
         f"# Pipeline report: this revision vs `{baseline}`\n",
@@ -252,7 +260,7 @@ def build_report(baseline: str, out_dir: Path, root: Path = REPO_ROOT) -> Path:
         dvc_diff_table("metrics", baseline, root),
         "## Dev questions whose verdict flipped\n",
     ]
-    for stage in STAGES:
+    for stage in MODELS:
         path = f"data/predictions/{stage}.jsonl"
         new_rows, old_rows = (
             _jsonl(workspace_text(path, root)),

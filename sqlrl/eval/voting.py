@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sqlrl.paths import resolve
-
 
 def vote(verdicts) -> tuple[int, int]:
     """(index of the chosen candidate, its votes) from the candidates' execution verdicts.
@@ -54,7 +52,7 @@ def self_consistency(
         sqls = [extract_sql(text) for text in candidates]
         if fix is not None:
             sqls = [fix(q, sql) for sql in sqls]
-        verdicts = [executor.execute(resolve(db_path), sql) for sql in sqls]
+        verdicts = [executor.execute(db_path, sql) for sql in sqls]
         index, count = vote(verdicts)
         chosen.append(sqls[index])
         votes.append(count)

@@ -35,7 +35,6 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.requests import ClientDisconnect
 
 from sqlrl.data.prompt_settings import PromptSettingsError
-from sqlrl.paths import SPIDER_DIR
 from sqlrl.serve.backends import BackendOptions, Busy, NotReady, make_backend
 from sqlrl.serve.prompting import InputError, PromptBuilder, PromptSettings
 
@@ -53,7 +52,7 @@ class ServeConfig:
     """Everything the server is configured with (CLI flags / SQLRL_* environment variables)."""
 
     model: str = "models/final"
-    spider_dir: str = str(SPIDER_DIR)
+    spider_dir: str = "data/raw/spider"  # named databases (relative: to the working directory)
     backend: str = "auto"  # auto | transformers | vllm
     vllm_engine: str = "auto"  # auto | async | llm
     # prompt settings: the model folder's sqlrl_prompt.json; each of these overrides one

@@ -53,8 +53,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlrl.paths import resolve
-
 # Authorizer action codes that a read-only query needs. Everything else is denied.
 _ALLOWED_ACTIONS = frozenset(
     {
@@ -160,10 +158,11 @@ def _reason(exc: Exception) -> str:
 
 
 def _absolute(db_path) -> str:
-    """`db_path` as an absolute path string; relative paths are read against the repo root."""
+    """`db_path` as an absolute path string; relative paths are read against the working
+    directory (the repo root, where DVC runs every stage)."""
     if isinstance(db_path, str) and os.path.isabs(db_path):
         return db_path  # the common case, without pathlib's cost
-    return str(resolve(db_path))
+    return os.path.abspath(db_path)
 
 
 def _python_bytes(rows: list[tuple]) -> int:

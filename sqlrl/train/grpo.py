@@ -26,21 +26,18 @@ from sqlrl.params import GrpoParams
 from sqlrl.progress import trainer_progress
 from sqlrl.train.vllm_server import require_vllm, wait_for_server
 
-DVCLIVE_DIR = "dvclive/grpo"
-PROMPTS_PATH = "data/grpo_prompts.jsonl"  # the grpo_prompts stage's output
 ROW_KEYS = ("prompt", "gold_sql", "db_id", "question", "db_path")  # a GRPO row: prepare writes them
-CHECKPOINT_DIR = "checkpoints/grpo"  # git- and DVC-ignored; survives an interrupted stage
 
 
-def reward_functions(params: GrpoParams) -> list:
+def reward_functions(params: GrpoParams, spider_dir: str | Path) -> list:
     """[execution, syntax] rewards as the profile configures them; the same in prompt selection
-    and in training, so a prompt's pass rate is measured by the reward it is trained on."""
+    and in training, so a prompt's pass rate is measured by the reward it is trained on.
+    Schema repair reads the schemas from spider_dir/tables.json."""
     from sqlrl.data.spider import load_schemas
-    from sqlrl.paths import SPIDER_DIR
     from sqlrl.sql.executor import ExecLimits
     from sqlrl.train.rewards import make_rewards
 
-    schemas = load_schemas(SPIDER_DIR / "tables.json") if params.schema_repair else None
+    schemas = load_schemas(Path(spider_dir) / "tables.json") if params.schema_repair else None
     return list(
         make_rewards(
             ExecLimits(timeout_s=params.reward_timeout_s),
@@ -307,12 +304,14 @@ def train_grpo(
     rows: list[dict],
     out_dir: str | Path,
     reward_funcs: list,
-    checkpoint_dir: str | Path = CHECKPOINT_DIR,
-    dvclive_dir: str | None = DVCLIVE_DIR,
+    checkpoint_dir: str | Path,
+    dvclive_dir: str | Path | None,
     torch_threads: int = 0,
 ) -> dict:
     """Train the LoRA adapter on `rows` (prompt, gold_sql, db_path, ...) and save it to out_dir.
-    Every column reaches the reward functions (TRL passes them as keyword arguments)."""
+    Every column reaches the reward functions (TRL passes them as keyword arguments).
+    checkpoint_dir should be outside DVC's outputs, so an interrupted run can resume from it
+    (grpo.resume); the curves go to dvclive_dir (None: nowhere)."""
     from datasets import Dataset
     from transformers import set_seed
     from trl import GRPOTrainer
@@ -342,7 +341,7 @@ def train_grpo(
 
         from dvclive import Live
 
-        live = Live(dvclive_dir, dvcyaml=False, save_dvc_exp=False, resume=bool(resume_from))
+        live = Live(str(dvclive_dir), dvcyaml=False, save_dvc_exp=False, resume=bool(resume_from))
         callbacks.append(DVCLiveCallback(live=live))
     args = grpo_config(params, seed, str(checkpoint_dir))
     score_completions_only_on_cpu()

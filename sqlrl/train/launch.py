@@ -50,8 +50,8 @@ def accelerate_command(params: LaunchParams, module: str, cuda: bool) -> list[st
             cmd += ["--multi_gpu"]  # torchrun; a CPU rank joins gloo (use_cpu in the configs)
     cmd += ["--num_processes", str(params.num_processes)]
     if not cuda:  # the ranks share the cores (sqlrl.hardware sizes torch threads the same way)
-        from sqlrl.hardware import usable_cores
+        from sqlrl.hardware import cores_per_process
 
-        threads = max(1, usable_cores() // params.num_processes)
+        threads = cores_per_process(params.num_processes)
         cmd += ["--num_cpu_threads_per_process", str(threads)]
     return [*cmd, "-m", module]

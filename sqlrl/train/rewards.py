@@ -17,7 +17,6 @@ import os
 from collections import Counter
 from collections.abc import Sequence
 
-from sqlrl.paths import resolve
 from sqlrl.sql.executor import ExecLimits
 from sqlrl.sql.extract import extract_sql
 from sqlrl.sql.judge import Item, Judgement, JudgePool
@@ -41,7 +40,7 @@ def _items(completions, db_path, gold_sql, repair=None) -> list[Item]:
     absolute: dict = {}  # a batch repeats each path num_generations times
     for p in paths:
         if p not in absolute:
-            absolute[p] = str(resolve(p))
+            absolute[p] = os.path.abspath(p)
     sqls = [_each(extract_sql, c) for c in completions]
     if repair is not None:
         sqls = [_each(repair, i, sql) for i, sql in enumerate(sqls)]

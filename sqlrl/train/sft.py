@@ -33,7 +33,6 @@ class SftDataError(PipelineError, ValueError):
     """Training rows would be cut or dropped by sft.max_length; the message says which."""
 
 
-DVCLIVE_DIR = "dvclive/sft"
 _SUMMARY_KEYS = (
     "train_runtime",
     "train_samples_per_second",
@@ -271,11 +270,12 @@ def train_sft(
     base_dir: str | Path,
     data_path: str | Path,
     out_dir: str | Path,
-    dvclive_dir: str | None = DVCLIVE_DIR,
+    dvclive_dir: str | Path | None,
     torch_threads: int = 0,
     **config_overrides,
 ) -> dict:
-    """Fine-tune models/base on sft.jsonl, save the merged model to out_dir, return metrics."""
+    """Fine-tune the model in base_dir on the rows of data_path, save the merged model to
+    out_dir, return metrics; the training curves go to dvclive_dir (None: nowhere)."""
     import torch
     from transformers import set_seed
     from transformers.integrations import DVCLiveCallback
@@ -295,7 +295,9 @@ def train_sft(
         from dvclive import Live
 
         shutil.rmtree(dvclive_dir, ignore_errors=True)
-        callbacks.append(DVCLiveCallback(live=Live(dvclive_dir, dvcyaml=False, save_dvc_exp=False)))
+        callbacks.append(
+            DVCLiveCallback(live=Live(str(dvclive_dir), dvcyaml=False, save_dvc_exp=False))
+        )
     if _weighted_prompt_loss(params):
         trainer_class = _weighted_loss_trainer_class()
         extra = {"prompt_loss_weight": params.prompt_loss_weight}

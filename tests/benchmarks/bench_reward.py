@@ -28,13 +28,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 
+from sqlrl.data.prepare import recorded_path  # noqa: E402
 from sqlrl.eval.score import read_gold, score_predictions  # noqa: E402
-from sqlrl.paths import SPIDER_DIR, relative_to_root, resolve  # noqa: E402
 from sqlrl.sql.equality import normalize_sql, order_matters, results_match  # noqa: E402
 from sqlrl.sql.executor import ExecLimits  # noqa: E402
 from sqlrl.sql.extract import extract_sql  # noqa: E402
 from sqlrl.sql.judge import default_workers  # noqa: E402
 from sqlrl.train.rewards import make_execution_reward  # noqa: E402
+from tests.repo_tools import SPIDER_DIR  # noqa: E402
 
 
 def db_path(db_id: str) -> Path:
@@ -97,7 +98,7 @@ def make_batch(examples: list[dict], samples: int, rng: random.Random):
     for ex in examples:
         for text in completions_for(ex["query"], samples, rng):
             completions.append(text)
-            paths.append(relative_to_root(db_path(ex["db_id"])))
+            paths.append(recorded_path(db_path(ex["db_id"])))
             golds.append(ex["query"])
     return completions, paths, golds
 
@@ -107,7 +108,7 @@ def straightforward_reward(completions, db_path, gold_sql, timeout_s: float = 5.
     scores = []
     for text, path, gold in zip(completions, db_path, gold_sql, strict=False):
         sql = extract_sql(text)
-        conn = sqlite3.connect(f"file:{resolve(path)}?mode=ro", uri=True)
+        conn = sqlite3.connect(f"file:{Path(path).resolve()}?mode=ro", uri=True)
         deadline = time.monotonic() + timeout_s
         conn.set_progress_handler(lambda d=deadline: time.monotonic() > d, 1000)
         try:
