@@ -32,7 +32,7 @@ def test_smoke_run_writes_sane_metrics(smoke_repo):
     assert prompts["candidates"] == prepared["train"]["grpo"]
     assert 0 < prompts["kept"] == _metrics(smoke_repo, "grpo")["train_prompts"]
     for name in ("base", "sft", "final"):
-        report = _metrics(smoke_repo, f"eval_{name}")
+        report = _metrics(smoke_repo, f"eval_{name}")["dev"]
         assert report["n"] + report["skipped"] == prepared["dev"]["examples"]
         assert report["n_trivial_gold"] <= report["n"] and "repaired" in report  # schema repair on
         rows = [

@@ -19,7 +19,9 @@ def repo_with_final(tmp_path):
         shutil.copy(REPO_ROOT / name, tmp_path / name)
     (tmp_path / "metrics").mkdir()
     for name, ex in (("base", 0.0), ("sft", 0.1), ("final", 0.125)):
-        report = {"ex": ex, "em": ex / 2, "by_hardness": {"easy": {"ex": ex * 2}}}
+        report = {"dev": {"ex": ex, "em": ex / 2, "by_hardness": {"easy": {"ex": ex * 2}}}}
+        if name == "base":  # metrics from before the {"dev": ...} layout still read
+            report = report["dev"]
         (tmp_path / "metrics" / f"eval_{name}.json").write_text(json.dumps(report))
     final = tmp_path / "models" / "final"
     final.mkdir(parents=True)
@@ -37,6 +39,7 @@ def test_dry_run_writes_folder_and_model_card(repo_with_final, monkeypatch, caps
     assert card.startswith("---\nlicense: cc-by-sa-4.0")
     assert "# acme/sql-coder" in card and "Spider 1.0" in card
     assert "| GRPO (final) | 12.5 | 6.2 | 25.0 |" in card
+    assert "| base | 0.0 | 0.0 | 0.0 |" in card  # its metrics have the old layout
     assert "dry run" in capsys.readouterr().out
 
 

@@ -48,18 +48,15 @@ def repo(tmp_path):
     run_cli(GIT + ["add", "-A"], tmp_path)
     run_cli(GIT + ["commit", "-qm", "baseline"], tmp_path)
     _write(tmp_path, "params.yaml", "eval:\n  batch_size: 16\n")
-    _write(
-        tmp_path,
-        "metrics/eval_sft.json",
-        {
-            "ex": 1.0,
-            "em": 0.5,
-            "n": 2,
-            "ex_nontrivial": 1.0,
-            "n_trivial_gold": 1,
-            "by_hardness": {"easy": {"n": 2, "ex": 1.0, "em": 0.5}},
-        },
-    )
+    dev = {
+        "ex": 1.0,
+        "em": 0.5,
+        "n": 2,
+        "ex_nontrivial": 1.0,
+        "n_trivial_gold": 1,
+        "by_hardness": {"easy": {"n": 2, "ex": 1.0, "em": 0.5}},
+    }
+    _write(tmp_path, "metrics/eval_sft.json", {"dev": dev})  # the baseline has the old layout
     _write(tmp_path, "data/predictions/sft.jsonl", [_pred("q1", 1, "A"), _pred("q2", 1, "C")])
     _write(tmp_path, "dvclive/sft/plots/metrics/loss.tsv", [3.0, 1.0, 0.5])
     return tmp_path
@@ -72,7 +69,7 @@ def test_report_shows_diffs_flips_and_plots(repo):
     assert "| sft | dev, non-trivial gold | 1 |  | — |  | 1 |" in text  # nothing to compare with
     # DVC's own tables (`dvc params diff --md`, `dvc metrics diff --md`)
     assert re.search(r"\| params.yaml +\| eval.batch_size +\| 8 +\| 16 +\|", text)
-    assert re.search(r"\| metrics/eval_sft.json +\| ex +\| 0.5 +\| 1.0 +\| 0.5 +\|", text)
+    assert re.search(r"\| metrics/eval_sft.json +\| dev.ex +\| - +\| 1.0 +\|", text)
     assert (
         "`sft`: 1 fixed, 0 broken" in text and "| 1 | fixed | q2 | `SELECT 1` | `B` | `C` |" in text
     )
