@@ -549,7 +549,7 @@ def test_pass_rate_filter_samples_through_the_generator_factory(
     assert {render_prompt(tokenizer, r["prompt"]) for r in kept} == set(sent)
 
 
-def test_pass_rate_filter_without_vllm_uses_transformers_and_says_so(tiny, monkeypatch, capsys):
+def test_pass_rate_filter_without_vllm_uses_transformers_and_says_so(tiny, monkeypatch, caplog):
     import dataclasses
 
     from sqlrl.params import load_params
@@ -570,7 +570,7 @@ def test_pass_rate_filter_without_vllm_uses_transformers_and_says_so(tiny, monke
     assert isinstance(generator, gen.HFGenerator) and tokenizer.chat_template
     # 16 completions a batch, as a GRPO step: 2 prompts x 8 samples, not 16 prompts x 8
     assert (generator.batch_size, generator.max_new_tokens) == (2, 24)
-    assert "grpo.use_vllm is set but vLLM is not installed" in capsys.readouterr().err
+    assert "grpo.use_vllm is set but vLLM is not installed" in caplog.text
 
 
 def test_decoding_summary_says_greedy_without_penalty():

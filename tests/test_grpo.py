@@ -214,14 +214,14 @@ def test_merge_keeps_the_sft_models_dtype(tiny_sft, tmp_path):
 
 
 def test_use_vllm_without_vllm_falls_back_to_transformers_with_a_warning(
-    tmp_path, capsys, monkeypatch
+    tmp_path, caplog, monkeypatch
 ):
     from sqlrl.train.grpo import grpo_config
 
     monkeypatch.setitem(__import__("sys").modules, "vllm", None)  # `import vllm` fails
     config = grpo_config(_grpo_params(use_vllm=True), 0, str(tmp_path))
     assert config.use_vllm is False
-    assert "vLLM is not installed" in capsys.readouterr().err
+    assert "vLLM is not installed" in caplog.text
 
 
 def test_gradient_accumulation_gives_several_questions_per_step(tmp_path):
@@ -299,7 +299,7 @@ def test_on_a_cpu_only_completion_tokens_are_scored_with_the_same_log_probs(tiny
     assert (completions_only[~valid] == 0).all()
 
 
-def test_resume_continues_only_a_run_of_the_same_params(rows, tiny_sft, tmp_path, capsys):
+def test_resume_continues_only_a_run_of_the_same_params(rows, tiny_sft, tmp_path, capsys, caplog):
     """An interrupted run resumes from its checkpoint; after a params change the old run's
     checkpoint is not resumed (its result would be recorded as the new params' output)."""
     rewards = reward_functions(_grpo_params(), SPIDER_DIR)
@@ -329,5 +329,5 @@ def test_resume_continues_only_a_run_of_the_same_params(rows, tiny_sft, tmp_path
     capsys.readouterr()
     changed = run(resume=True, learning_rate=1e-3)
     assert changed["resumed_from"] is None and changed["steps"] == 2
-    assert "not resuming from" in capsys.readouterr().err
+    assert "not resuming from" in caplog.text
     assert run(resume=True, learning_rate=1e-3)["resumed_from"] == "checkpoint-2"

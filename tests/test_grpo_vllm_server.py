@@ -20,12 +20,14 @@ from sqlrl.params import ParamsError, compose_params, params_from_dict
 from sqlrl.train.grpo import check_vllm_server, grpo_config, run_fingerprint
 from sqlrl.train.vllm_server import VllmServerError, wait_for_server
 from stages import run_stage
+from tests.repo_tools import REPO_ROOT
 
 SERVER_MODE = ["grpo.use_vllm=true", "grpo.vllm_mode=server"]
 
 
 def _grpo(*overrides: str, profile: str = "smoke"):
-    return params_from_dict(compose_params(profile, list(overrides))).grpo
+    conf = REPO_ROOT / "conf"  # some tests run in a temporary folder
+    return params_from_dict(compose_params(profile, list(overrides), conf)).grpo
 
 
 @pytest.fixture
@@ -117,14 +119,15 @@ def test_every_profile_has_the_server_settings_and_the_defaults_are_local():
         assert grpo.vllm_server_timeout_s == 240.0
 
 
-def test_the_check_passes_against_a_server_with_trls_endpoints(serve, vllm_installed, capsys):
+def test_the_check_passes_against_a_server_with_trls_endpoints(serve, vllm_installed, caplog):
+    caplog.set_level("INFO", logger="sqlrl")
     server = serve(world_size=2)
     params = _grpo(
         *SERVER_MODE, f"grpo.vllm_server_port={server.port}", "grpo.vllm_server_timeout_s=5"
     )
     assert check_vllm_server(params) == 2
     assert server.requested == ["/health", "/get_world_size"]
-    assert f"127.0.0.1:{server.port} is up (2 worker(s))" in capsys.readouterr().err
+    assert f"127.0.0.1:{server.port} is up (2 worker(s))" in caplog.text
 
 
 def test_the_check_waits_while_the_server_loads_its_model(serve):
@@ -149,7 +152,9 @@ def test_no_server_fails_within_the_timeout_naming_it_and_how_to_start_it():
     assert 0.9 <= elapsed < 5.0  # waited for the timeout, and no longer
     message = str(err.value)
     assert f"127.0.0.1:{port}" in message and "within 1 s" in message
-    assert "trl vllm-serve --model models/sft --tensor-parallel-size" in message
+    assert (
+        "trl vllm-serve --model <the SFT model" in message and "--tensor-parallel-size" in message
+    )
     assert f"--host 127.0.0.1 --port {port}" in message
 
 
@@ -173,7 +178,7 @@ def test_server_mode_without_vllm_on_the_trainer_is_an_error(tmp_path, monkeypat
     params = _grpo(*SERVER_MODE)
     with pytest.raises(VllmServerError, match="vLLM is not installed where the trainer runs"):
         check_vllm_server(params)
-    with pytest.raises(VllmServerError, match="trl vllm-serve --model models/sft"):
+    with pytest.raises(VllmServerError, match="trl vllm-serve --model <the SFT model"):
         grpo_config(params, 0, str(tmp_path))
 
 

@@ -935,11 +935,11 @@ def test_vllm_refuses_a_prompt_over_the_engine_context_with_413(monkeypatch, tra
         assert r.status_code == 200 and r.json()["sql"] == COUNT_SQL
 
 
-def test_vllm_that_cannot_start_falls_back_to_transformers(monkeypatch, trained, capsys):
+def test_vllm_that_cannot_start_falls_back_to_transformers(monkeypatch, trained, caplog):
     _install(monkeypatch, _fake_vllm(with_async=False, fail=True))
     backend = make_backend(trained, BackendOptions(backend="auto"))
     assert backend.name == "transformers"
-    assert "vLLM could not start" in capsys.readouterr().err
+    assert "vLLM could not start" in caplog.text
     monkeypatch.setitem(sys.modules, "vllm", None)  # not installed
     assert make_backend(trained, BackendOptions(backend="vllm")).name == "transformers"
 

@@ -28,11 +28,13 @@ in the model's dtype.
 
 from __future__ import annotations
 
-import sys
+import logging
 from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol, runtime_checkable
+
+log = logging.getLogger(__name__)
 
 IM_END = "<|im_end|>"
 
@@ -484,10 +486,10 @@ def make_generator(
         )
         return generator, tokenizer
     if use_vllm:
-        print(
-            f"{setting} is set but vLLM is not installed (pip install -r "
-            f"requirements-gpu.txt on a CUDA machine); generating with transformers",
-            file=sys.stderr,
+        log.warning(
+            "%s is set but vLLM is not installed (pip install -r requirements-gpu.txt on a "
+            "CUDA machine); generating with transformers",
+            setting,
         )
     import torch
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -410,14 +409,9 @@ def make_backend(model_dir: str | Path, opts: BackendOptions):
             try:
                 return _load_vllm(model_dir, opts)
             except Exception as exc:  # noqa: BLE001 - e.g. no GPU: serve with transformers
-                print(
-                    f"serve: vLLM could not start ({type(exc).__name__}: {exc}); "
-                    f"using transformers",
-                    file=sys.stderr,
+                log.warning(
+                    "vLLM could not start (%s: %s); using transformers", type(exc).__name__, exc
                 )
         elif opts.backend == "vllm":
-            print(
-                "serve: --backend vllm but vLLM is not installed; using transformers",
-                file=sys.stderr,
-            )
+            log.warning("--backend vllm but vLLM is not installed; using transformers")
     return _load_transformers(model_dir, opts)

@@ -15,9 +15,9 @@ import dataclasses
 import functools
 import hashlib
 import json
+import logging
 import shutil
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -25,6 +25,8 @@ from sqlrl.hardware import resolve_bf16, set_torch_threads
 from sqlrl.params import GrpoParams
 from sqlrl.progress import trainer_progress
 from sqlrl.train.vllm_server import require_vllm, wait_for_server
+
+log = logging.getLogger(__name__)
 
 ROW_KEYS = ("prompt", "gold_sql", "db_id", "question", "db_path")  # a GRPO row: prepare writes them
 
@@ -83,10 +85,9 @@ def use_vllm(params: GrpoParams) -> bool:
     if params.use_vllm and params.vllm_mode == "server":
         require_vllm(params.vllm_server_host, params.vllm_server_port)
     if params.use_vllm and not vllm_available():
-        print(
-            "grpo: grpo.use_vllm is set but vLLM is not installed (pip install -r "
-            "requirements-gpu.txt on a CUDA machine); rolling out with transformers",
-            file=sys.stderr,
+        log.warning(
+            "grpo.use_vllm is set but vLLM is not installed (pip install -r "
+            "requirements-gpu.txt on a CUDA machine); rolling out with transformers"
         )
         return False
     return params.use_vllm
@@ -142,10 +143,11 @@ def check_vllm_server(params: GrpoParams) -> int | None:
     workers = wait_for_server(
         params.vllm_server_host, params.vllm_server_port, params.vllm_server_timeout_s
     )
-    print(
-        f"grpo: vLLM server at {params.vllm_server_host}:{params.vllm_server_port} is up "
-        f"({workers} worker(s))",
-        file=sys.stderr,
+    log.info(
+        "vLLM server at %s:%s is up (%s worker(s))",
+        params.vllm_server_host,
+        params.vllm_server_port,
+        workers,
     )
     return workers
 
@@ -250,10 +252,10 @@ def checkpoint_to_resume(checkpoint_dir: str | Path, fingerprint: str) -> str | 
     stored = Path(checkpoint_dir) / FINGERPRINT_FILE
     made_by = json.loads(stored.read_text())["fingerprint"] if stored.is_file() else None
     if made_by != fingerprint:
-        print(
-            f"grpo: not resuming from {last}: it was made with other grpo params, seed, "
-            f"prompts or SFT model; starting fresh",
-            file=sys.stderr,
+        log.warning(
+            "not resuming from %s: it was made with other grpo params, seed, prompts or SFT "
+            "model; starting fresh",
+            last,
         )
         return None
     return last
@@ -388,9 +390,10 @@ def train_grpo(
         bf16=bool(args.bf16),
         bf16_reason=resolve_bf16(params.bf16)[1],
     )
-    print(
-        f"grpo: reward {metrics['first_mean_reward']} -> {metrics['final_mean_reward']} "
-        f"over {metrics['steps']} steps",
-        file=sys.stderr,
+    log.info(
+        "reward %s -> %s over %s steps",
+        metrics["first_mean_reward"],
+        metrics["final_mean_reward"],
+        metrics["steps"],
     )
     return metrics

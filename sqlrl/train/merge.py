@@ -6,12 +6,14 @@ tokenizer and its chat template, so serving and publishing need nothing else.
 
 from __future__ import annotations
 
+import logging
 import shutil
-import sys
 from pathlib import Path
 
 from sqlrl.data.prompt_settings import PROMPT_SETTINGS_FILE
 from sqlrl.model.modeling import load_model_and_tokenizer, saved_dtype
+
+log = logging.getLogger(__name__)
 
 
 def merge_adapter(sft_dir: str | Path, adapter_dir: str | Path, out_dir: str | Path) -> dict:
@@ -33,10 +35,11 @@ def merge_adapter(sft_dir: str | Path, adapter_dir: str | Path, out_dir: str | P
     if settings.is_file():
         shutil.copy2(settings, tmp / PROMPT_SETTINGS_FILE)
     else:
-        print(
-            f"merge: {settings} is missing, so models/final will not serve without every "
-            f"prompt setting given as a flag (rerun `dvc repro sft`)",
-            file=sys.stderr,
+        log.warning(
+            "%s is missing, so %s will not serve without every prompt setting given as a "
+            "flag (rerun `dvc repro sft`)",
+            settings,
+            out_dir,
         )
     shutil.rmtree(out_dir, ignore_errors=True)
     tmp.rename(out_dir)  # a half-written model never sits at out_dir

@@ -18,7 +18,7 @@ from sqlrl.errors import PipelineError
 
 HEALTH_PATH = "/health"  # what trl.generation.vllm_client.VLLMClient.check_server polls
 WORLD_SIZE_PATH = "/get_world_size"  # VLLMClient.get_world_size: {"world_size": N}
-SERVED_MODEL = "models/sft"  # the grpo stage's starting model; TRL pushes the weights each step
+SERVED_MODEL = "<the SFT model: the grpo stage's --model>"  # TRL pushes the weights each step
 # direct connections, as NCCL's weight sync needs anyway: an http_proxy must not catch them
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
