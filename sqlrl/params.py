@@ -29,6 +29,16 @@ class ParamsError(PipelineError, ValueError):
     """params.yaml does not match what the pipeline expects."""
 
 
+def parse_bool(raw: str) -> bool:
+    """A boolean as environment variables spell it: 1/true/yes/on or 0/false/no/off."""
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"not a boolean: {raw!r}")
+
+
 def _check_bf16(name: str, value: bool | str) -> None:
     if value not in (True, False, "auto"):
         raise ParamsError(f"{name} must be true, false or auto, got {value!r}")

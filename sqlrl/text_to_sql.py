@@ -85,8 +85,9 @@ class TextToSQL:
         use_vllm: bool = False,
         **prompt_overrides,
     ):
+        from sqlrl.data.prompt_settings import PromptSettings
         from sqlrl.model.generate import make_generator
-        from sqlrl.serve.prompting import PromptBuilder, PromptSettings
+        from sqlrl.serve.prompting import PromptBuilder
         from sqlrl.sql.executor import ExecLimits, SQLExecutor
 
         self.settings = PromptSettings.for_model(model_dir, **prompt_overrides)

@@ -241,8 +241,7 @@ def _largest_db_tokens(root, rows):
 def test_max_prompt_tokens_trims_sample_rows_of_large_schemas_only(mini_root):
     """A schema whose prompt would not fit gets fewer sample rows, in every split, and the
     reductions are reported; schemas that fit keep all their rows."""
-    from sqlrl.data.prepare import QUESTION_TOKENS, prompt_tokens
-    from sqlrl.data.prompts import serialize_schema
+    from sqlrl.data.prompts import QUESTION_TOKENS, prompt_tokens, serialize_schema
     from sqlrl.data.spider import database_path, load_schemas
 
     spider = mini_root / "data" / "raw" / "spider"

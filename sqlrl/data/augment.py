@@ -20,9 +20,8 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from sqlrl.data.spider import Column, ForeignKey, Schema, Table
+from sqlrl.data.spider import PLAIN_IDENTIFIER, Column, ForeignKey, Schema, Table
 
-_PLAIN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Variants that keep the meaning of a name but not its spelling.
 _PREFIXES = ["tbl_", "t_", "the_", "my_", "app_", "x_", "data_", "rec_"]
 _SUFFIXES = ["_info", "_data", "_rec", "_tbl", "_list", "_val", "_field", "_entry", "_x", "s"]
@@ -51,10 +50,10 @@ def name_pools(schemas) -> tuple[list[str], list[str]]:
     tables, columns = set(), set()
     for schema in schemas:
         for t in schema.tables:
-            if _PLAIN.fullmatch(t.name):
+            if PLAIN_IDENTIFIER.fullmatch(t.name):
                 tables.add(t.name)
             for c in t.columns:
-                if _PLAIN.fullmatch(c.name):
+                if PLAIN_IDENTIFIER.fullmatch(c.name):
                     columns.add(c.name)
     return sorted(tables), sorted(columns)
 
@@ -81,7 +80,7 @@ def _new_name(old: str, pool: list[str], taken: set[str], rng: random.Random) ->
         else:
             cand = old + rng.choice(_SUFFIXES)
         if (
-            _PLAIN.fullmatch(cand)
+            PLAIN_IDENTIFIER.fullmatch(cand)
             and cand.lower() not in taken
             and cand.lower() != old.lower()
             and not _is_keyword(cand)
@@ -102,7 +101,7 @@ def rename_map(schema: Schema, rename_prob: float, pools, rng: random.Random) ->
     taken = set(names)
     mapping: dict[str, str] = {}
     for low, (orig, is_table) in names.items():
-        if not _PLAIN.fullmatch(orig) or rng.random() >= rename_prob:
+        if not PLAIN_IDENTIFIER.fullmatch(orig) or rng.random() >= rename_prob:
             continue
         new = _new_name(orig, table_pool if is_table else column_pool, taken, rng)
         if new:

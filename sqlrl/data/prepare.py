@@ -16,14 +16,13 @@ import os
 import random
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 
-from sqlrl.data.augment import Augmenter, mark_question, name_pools
-from sqlrl.data.prompts import build_messages, completion_message, serialize_schema
+from sqlrl.data.augment import Augmenter, name_pools
+from sqlrl.data.prompt_settings import PromptSettings
+from sqlrl.data.prompts import PromptFactory, completion_message
 from sqlrl.data.spider import (
     Example,
-    Schema,
     SpiderDataError,
     database_path,
     load_examples,
@@ -31,68 +30,6 @@ from sqlrl.data.spider import (
 )
 from sqlrl.jsonio import write_jsonl
 from sqlrl.params import ParamsError, PrepareParams
-
-
-@dataclass
-class PromptFactory:
-    """Builds prompts, serialising each database's schema once.
-
-    With `max_prompt_tokens`, a DDL schema whose prompt would not fit gets fewer sample rows
-    (down to none), decided per database so training, evaluation and serving agree; the
-    question gets QUESTION_TOKENS of the budget. `sample_rows_used` records the reductions.
-    """
-
-    params: PrepareParams
-    schemas: dict[str, Schema]
-    spider_dir: Path
-
-    def __post_init__(self):
-        self._schema_text: dict[str, str] = {}
-        self.sample_rows_used: dict[str, int] = {}  # db_id -> rows, where fewer than asked
-
-    def messages(self, example: Example) -> list[dict]:
-        question = example.question
-        if self.params.mark_schema_mentions:
-            question = mark_question(question, self.schemas[example.db_id])
-        return build_messages(self.schema_text(example.db_id), question, self.params.system_prompt)
-
-    def schema_text(self, db_id: str) -> str:
-        if db_id not in self._schema_text:
-            self._schema_text[db_id] = self._fitting_schema(db_id)
-        return self._schema_text[db_id]
-
-    def _fitting_schema(self, db_id: str) -> str:
-        schema, db_path = self.schemas[db_id], database_path(self.spider_dir, db_id)
-        p = self.params
-        rows = p.sample_rows if p.schema_format == "ddl" else 0
-        while True:
-            text = serialize_schema(schema, p.schema_format, db_path, rows)
-            if (
-                rows == 0
-                or p.max_prompt_tokens == 0
-                or prompt_tokens(text, p.system_prompt) + QUESTION_TOKENS <= p.max_prompt_tokens
-            ):
-                break
-            rows -= 1
-        if rows < p.sample_rows and p.schema_format == "ddl":
-            self.sample_rows_used[db_id] = rows
-        return text
-
-
-QUESTION_TOKENS = 128  # budget kept for the question (Spider's longest is about 60 tokens)
-
-
-def prompt_tokens(schema_text: str, system_prompt: str, question: str = "") -> int:
-    """Tokens of the rendered chat prompt (with the assistant header), by Qwen2.5's tokenizer:
-    the reference model's, available offline (sqlrl/model/qwen_tokenizer.py)."""
-    from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer
-
-    messages = build_messages(schema_text, question or "?", system_prompt)
-    return len(
-        build_qwen25_tokenizer().apply_chat_template(
-            messages, tokenize=True, add_generation_prompt=True, return_dict=True
-        )["input_ids"]
-    )
 
 
 def query_key(sql: str) -> str:
@@ -204,7 +141,7 @@ def _eval_row(example: Example, prompts: PromptFactory) -> dict:
         "db_id": example.db_id,
         "db_path": recorded_path(db_path),
         "db_present": present,
-        "prompt": prompts.messages(example) if present else None,
+        "prompt": prompts.messages(example.db_id, example.question) if present else None,
     }
 
 
@@ -231,10 +168,10 @@ def prepare(params: PrepareParams, seed: int, spider_dir: str | Path, out_dir: s
     heldout = _limit(heldout, params.max_dev_examples)
     dev = _limit(dev, params.max_dev_examples)
 
-    prompts = PromptFactory(params, schemas, spider_dir)
+    prompts = PromptFactory(PromptSettings.from_prepare(params), schemas, spider_dir)
     sft_rows, grpo_rows = [], []
     for ex in train:
-        messages = prompts.messages(ex)
+        messages = prompts.messages(ex.db_id, ex.question)
         sft_rows.append(
             {"prompt": messages, "completion": completion_message(ex.query), "db_id": ex.db_id}
         )
@@ -247,7 +184,7 @@ def prepare(params: PrepareParams, seed: int, spider_dir: str | Path, out_dir: s
                 "db_path": recorded_path(database_path(spider_dir, ex.db_id)),
             }
         )
-    augment_stats = augment_rows(sft_rows, train, schemas, params, seed)
+    augment_stats = augment_rows(sft_rows, train, prompts, params, seed)
     dev_rows = [_eval_row(ex, prompts) for ex in dev]
     heldout_rows = [_eval_row(ex, prompts) for ex in heldout]
 
@@ -287,7 +224,7 @@ def prepare(params: PrepareParams, seed: int, spider_dir: str | Path, out_dir: s
 def augment_rows(
     sft_rows: list[dict],
     train: list[Example],
-    schemas: dict[str, Schema],
+    prompts: PromptFactory,
     params: PrepareParams,
     seed: int,
 ) -> dict:
@@ -301,6 +238,7 @@ def augment_rows(
             "prepare.augment needs prepare.sample_rows: 0 (sample rows are read "
             "from the real database, under the real names)"
         )
+    schemas = prompts.schemas
     augmenter = Augmenter(
         aug.shuffle_schema, aug.rename_prob, name_pools(schemas[ex.db_id] for ex in train), seed
     )
@@ -310,11 +248,7 @@ def augment_rows(
             schema, question, sql = augmenter.augment(
                 schemas[ex.db_id], ex.question, ex.query, f"{i}:{copy}"
             )
-            if params.mark_schema_mentions:
-                question = mark_question(question, schema)
-            messages = build_messages(
-                serialize_schema(schema, params.schema_format), question, params.system_prompt
-            )
+            messages = prompts.messages_for_schema(schema, question)  # no database: no rows
             sft_rows.append(
                 {"prompt": messages, "completion": completion_message(sql), "db_id": ex.db_id}
             )

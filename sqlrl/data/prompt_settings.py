@@ -8,9 +8,11 @@ workspace holds now (another profile checked out, say).
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlrl.errors import PipelineError
+from sqlrl.params import SCHEMA_FORMATS
 
 PROMPT_SETTINGS_FILE = "sqlrl_prompt.json"
 _TYPES = {
@@ -61,3 +63,42 @@ def read_prompt_settings(model_dir: str | Path) -> dict:
                 f"{path}: {name} must be of type {kind.__name__}, got {settings[name]!r}"
             )
     return {name: settings[name] for name in FIELDS}
+
+
+@dataclass(frozen=True)
+class PromptSettings:
+    """The params that shaped the served model's training prompts (its sqlrl_prompt.json):
+    the prepare section's prompt fields, and eval.schema_repair."""
+
+    schema_format: str
+    sample_rows: int
+    system_prompt: str
+    mark_schema_mentions: bool = False
+    schema_repair: bool = False
+    max_prompt_tokens: int = 0  # DDL sample rows shrink until a prompt fits (0: no limit)
+
+    def __post_init__(self):
+        if self.schema_format not in SCHEMA_FORMATS:
+            raise ValueError(
+                f"schema format must be one of {SCHEMA_FORMATS}, got {self.schema_format!r}"
+            )
+
+    @classmethod
+    def from_prepare(cls, prepare, schema_repair: bool = False) -> PromptSettings:
+        """The prompt fields of a `prepare` params section (PrepareParams)."""
+        fields = {name: getattr(prepare, name) for name in FIELDS if name != "schema_repair"}
+        return cls(**fields, schema_repair=schema_repair)
+
+    @classmethod
+    def for_model(cls, model_dir: str | Path, **overrides) -> PromptSettings:
+        """The settings saved in `model_dir`, each non-None override on top (per field).
+
+        Never params.yaml: the workspace may hold another profile than the one the model was
+        trained with. With every field overridden the folder needs no settings file."""
+        values = {k: v for k, v in overrides.items() if v is not None}
+        unknown = set(values) - set(FIELDS)
+        if unknown:
+            raise TypeError(f"unknown prompt setting(s): {', '.join(sorted(unknown))}")
+        if set(values) != set(FIELDS):
+            values = {**read_prompt_settings(model_dir), **values}
+        return cls(**values)

@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from dataclasses import dataclass
 from pathlib import Path
 
-from sqlrl.data.spider import Schema, Table
+from sqlrl.data.augment import mark_question
+from sqlrl.data.prompt_settings import PromptSettings
+from sqlrl.data.spider import PLAIN_IDENTIFIER, Schema, Table, database_path
 
-_PLAIN_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SAMPLE_VALUE_CHARS = 40
 
 
 def quote_identifier(name: str) -> str:
     """Leave plain names alone; double-quote the rest (spaces, punctuation) the SQLite way."""
-    if _PLAIN_IDENTIFIER.fullmatch(name):
+    if PLAIN_IDENTIFIER.fullmatch(name):
         return name
     return '"' + name.replace('"', '""') + '"'
 
@@ -124,3 +126,74 @@ def normalize_sql_whitespace(sql: str) -> str:
 def render_prompt(tokenizer, messages: list[dict]) -> str:
     """The prompt text a model sees: the tokenizer's chat template plus the assistant header."""
     return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+@dataclass
+class PromptFactory:
+    """Builds prompts from prompt settings: what prepare writes for training and evaluation,
+    and what the server and TextToSQL send; each database's schema is serialised once.
+
+    With `max_prompt_tokens`, a DDL schema whose prompt would not fit gets fewer sample rows
+    (down to none), decided per database so training, evaluation and serving agree; the
+    question gets QUESTION_TOKENS of the budget. `sample_rows_used` records the reductions.
+    """
+
+    settings: PromptSettings
+    schemas: dict[str, Schema]
+    spider_dir: Path | None  # the databases, for DDL sample rows
+
+    def __post_init__(self):
+        self._schema_text: dict[str, str] = {}
+        self.sample_rows_used: dict[str, int] = {}  # db_id -> rows, where fewer than asked
+
+    def messages(self, db_id: str, question: str) -> list[dict]:
+        """The prompt for a question on one of `schemas`' databases."""
+        return self._messages(self.schemas[db_id], self.schema_text(db_id), question)
+
+    def messages_for_schema(self, schema: Schema, question: str) -> list[dict]:
+        """The prompt for a question on a schema without a database (no sample rows)."""
+        text = serialize_schema(schema, self.settings.schema_format)
+        return self._messages(schema, text, question)
+
+    def _messages(self, schema: Schema, schema_text: str, question: str) -> list[dict]:
+        if self.settings.mark_schema_mentions:
+            question = mark_question(question, schema)
+        return build_messages(schema_text, question, self.settings.system_prompt)
+
+    def schema_text(self, db_id: str) -> str:
+        if db_id not in self._schema_text:
+            self._schema_text[db_id] = self._fitting_schema(db_id)
+        return self._schema_text[db_id]
+
+    def _fitting_schema(self, db_id: str) -> str:
+        schema, db_path = self.schemas[db_id], database_path(self.spider_dir, db_id)
+        p = self.settings
+        rows = p.sample_rows if p.schema_format == "ddl" else 0
+        while True:
+            text = serialize_schema(schema, p.schema_format, db_path, rows)
+            if (
+                rows == 0
+                or p.max_prompt_tokens == 0
+                or prompt_tokens(text, p.system_prompt) + QUESTION_TOKENS <= p.max_prompt_tokens
+            ):
+                break
+            rows -= 1
+        if rows < p.sample_rows and p.schema_format == "ddl":
+            self.sample_rows_used[db_id] = rows
+        return text
+
+
+QUESTION_TOKENS = 128  # budget kept for the question (Spider's longest is about 60 tokens)
+
+
+def prompt_tokens(schema_text: str, system_prompt: str, question: str = "") -> int:
+    """Tokens of the rendered chat prompt (with the assistant header), by Qwen2.5's tokenizer:
+    the reference model's, available offline (sqlrl/model/qwen_tokenizer.py)."""
+    from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer
+
+    messages = build_messages(schema_text, question or "?", system_prompt)
+    return len(
+        build_qwen25_tokenizer().apply_chat_template(
+            messages, tokenize=True, add_generation_prompt=True, return_dict=True
+        )["input_ids"]
+    )

@@ -7,11 +7,14 @@ the data card says to count it as skipped (this copy lacks wta_1, baseball_1 and
 from __future__ import annotations
 
 import json
+import re
 import unicodedata
 from dataclasses import dataclass
 from pathlib import Path
 
 from sqlrl.errors import PipelineError
+
+PLAIN_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")  # a name SQL needs no quotes for
 
 
 class SpiderDataError(PipelineError, ValueError):

@@ -30,7 +30,6 @@ examples_per_second, repaired (with schema repair). Each split's metrics are und
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +37,7 @@ from pathlib import Path
 from sqlrl.errors import PipelineError
 from sqlrl.eval.voting import self_consistency
 from sqlrl.jsonio import read_jsonl
+from sqlrl.sql.judge import default_workers
 
 PRIMARY_SPLIT = "dev"
 EVAL_ROW_KEYS = ("question", "gold", "db_id", "prompt")  # what prepare writes for a split
@@ -132,7 +132,7 @@ def evaluate_split(
             preds,
             Path(spider_dir) / "database",
             Path(spider_dir) / "tables.json",
-            workers or _default_workers(),
+            workers or default_workers(),
         )
         check_gold_databases(rows, report["items"], spider_dir)
     else:
@@ -209,10 +209,6 @@ def _check_count(outputs: list, prompts: list[str]) -> None:
         raise RuntimeError(
             f"the generator returned {len(outputs)} results for {len(prompts)} prompts"
         )
-
-
-def _default_workers() -> int:
-    return max(1, min(8, os.cpu_count() or 1))
 
 
 # --------------------------------------------------------------------------- a model

@@ -390,7 +390,6 @@ class VLLMGenerator:
         seed: int,
         stop_ids: Sequence[int] = (),
         dtype: str = "auto",
-        **llm_kwargs,
     ):
         import vllm  # lazy: CUDA-only, absent from the CPU install
 
@@ -402,7 +401,7 @@ class VLLMGenerator:
             tokenizer=model_path,
             dtype=dtype,
             seed=seed,
-            **{**VLLM_ENGINE_SETTINGS, **llm_kwargs},
+            **VLLM_ENGINE_SETTINGS,
         )
 
     def _params(self, n: int, temperature: float, seed: int | None):

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from sqlrl.errors import PipelineError
-from sqlrl.params import ArchitectureParams, BaseParams
+from sqlrl.params import ArchitectureParams, BaseParams, LoraParams, parse_bool
 
 BASE_RECORD = "base.json"
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
@@ -200,7 +200,7 @@ def build_scratch(
 
 
 def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes", "on")
+    return parse_bool(os.environ.get("HF_HUB_OFFLINE") or "0")
 
 
 def _hub_help(model_id: str, revision: str) -> str:
@@ -307,11 +307,27 @@ def model_location(model_dir: str | Path) -> tuple[str, str | None]:
     return str(model_dir), None
 
 
+def lora_config(lora: LoraParams):
+    """PEFT's LoraConfig for a causal LM from a `lora` params section (sft or grpo)."""
+    from peft import LoraConfig
+
+    return LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        task_type="CAUSAL_LM",
+    )
+
+
 def load_tokenizer(model_dir: str | Path):
     from transformers import AutoTokenizer
 
     path, _ = model_location(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(path)
+    # transformers keeps HF_HUB_OFFLINE as an init argument, and save_pretrained would write
+    # it into the next model folder: an environment variable in an output's hash
+    tokenizer.init_kwargs.pop("local_files_only", None)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

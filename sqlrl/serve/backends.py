@@ -25,7 +25,7 @@ import asyncio
 import itertools
 import logging
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger("sqlrl.serve")
@@ -56,7 +56,6 @@ class BatchStats:
     largest_batch: int = 0
     expired: int = 0
     failed_batches: int = 0
-    sizes: list[int] = field(default_factory=list)  # the last few batch sizes
 
     def as_dict(self) -> dict:
         return {

@@ -14,6 +14,7 @@ import sys
 import typing
 from dataclasses import fields
 
+from sqlrl.params import parse_bool
 from sqlrl.serve.service import ServeConfig
 
 ENV_PREFIX = "SQLRL_"
@@ -57,17 +58,8 @@ def _type(field) -> type:
     return args[0] if args else hint
 
 
-def _bool(raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"not a boolean: {raw!r}")
-
-
 def _converter(kind: type):
-    return _bool if kind is bool else kind
+    return parse_bool if kind is bool else kind
 
 
 def _parse(kind: type, raw: str, name: str):

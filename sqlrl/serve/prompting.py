@@ -4,9 +4,10 @@ saved with the model, sqlrl_prompt.json).
 Three ways a request names its schema:
 - `schema_str`: schema text already serialised by the caller; used as it is.
 - `db_id`: a database of the server's Spider directory; the schema comes from tables.json and
-  is serialised by `sqlrl.data.prepare.PromptFactory`, the class that wrote the training prompts.
-- `ddl`: CREATE TABLE statements, parsed with sqlglot into `sqlrl.data.spider.Schema` and serialised
-  in the configured format, so a compact-format model sees `table | col, col | ...` as trained.
+  is serialised by `sqlrl.data.prompts.PromptFactory`, the class that wrote the training prompts.
+- `ddl`: CREATE TABLE statements, parsed with sqlglot into `sqlrl.data.spider.Schema` and
+  serialised in the configured format, so a compact-format model sees `table | col, col | ...`
+  as trained.
 
 With `prepare.mark_schema_mentions`, the question gets the same "Schema mentions" suffix as in
 training whenever a parsed schema is known (db_id, ddl); `schema_str` is opaque text and the
@@ -18,9 +19,9 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from dataclasses import dataclass
 from pathlib import Path
 
+from sqlrl.data.prompt_settings import PromptSettings
 from sqlrl.data.spider import Column, ForeignKey, Schema, Table
 
 log = logging.getLogger("sqlrl.serve")
@@ -33,41 +34,6 @@ class InputError(ValueError):
     def __init__(self, message: str, status: int = 422):
         super().__init__(message)
         self.status = status
-
-
-@dataclass(frozen=True)
-class PromptSettings:
-    """The params that shaped the served model's training prompts (its sqlrl_prompt.json):
-    the prepare section's prompt fields, and eval.schema_repair."""
-
-    schema_format: str
-    sample_rows: int
-    system_prompt: str
-    mark_schema_mentions: bool = False
-    schema_repair: bool = False
-    max_prompt_tokens: int = 0  # DDL sample rows shrink until a prompt fits (0: no limit)
-
-    def __post_init__(self):
-        if self.schema_format not in ("compact", "ddl"):
-            raise ValueError(
-                f"schema format must be 'compact' or 'ddl', got {self.schema_format!r}"
-            )
-
-    @classmethod
-    def for_model(cls, model_dir: str | Path, **overrides) -> PromptSettings:
-        """The settings saved in `model_dir`, each non-None override on top (per field).
-
-        Never params.yaml: the workspace may hold another profile than the one the model was
-        trained with. With every field overridden the folder needs no settings file."""
-        from sqlrl.data.prompt_settings import FIELDS, read_prompt_settings
-
-        values = {k: v for k, v in overrides.items() if v is not None}
-        unknown = set(values) - set(FIELDS)
-        if unknown:
-            raise TypeError(f"unknown prompt setting(s): {', '.join(sorted(unknown))}")
-        if set(values) != set(FIELDS):
-            values = {**read_prompt_settings(model_dir), **values}
-        return cls(**values)
 
 
 # --------------------------------------------------------------------------- DDL
@@ -201,24 +167,9 @@ class PromptBuilder:
             except SpiderDataError as exc:  # the detail names server paths: the log only
                 log.error("serve: the Spider directory is unusable: %s", exc)
                 self.spider_error = "the server's Spider directory is unusable (see its log)"
-        self._factory = None
-        if self.schemas:
-            from sqlrl.data.prepare import PromptFactory
-            from sqlrl.params import AugmentParams, PrepareParams
+        from sqlrl.data.prompts import PromptFactory
 
-            prepare = PrepareParams(
-                schema_format=settings.schema_format,
-                sample_rows=settings.sample_rows,
-                include_train_others=False,
-                heldout_fraction=0.0,
-                max_train_examples=0,
-                max_dev_examples=0,
-                system_prompt=settings.system_prompt,
-                augment=AugmentParams(0, False, 0.0),
-                mark_schema_mentions=settings.mark_schema_mentions,
-                max_prompt_tokens=settings.max_prompt_tokens,
-            )
-            self._factory = PromptFactory(prepare, self.schemas, self.spider_dir)
+        self._factory = PromptFactory(settings, self.schemas, self.spider_dir)
 
     # ------------------------------------------------------------------ databases
     def db_path(self, db_id: str) -> Path:
@@ -280,21 +231,15 @@ class PromptBuilder:
         db_id: str | None = None,
         ddl: str | None = None,
     ) -> list[dict]:
-        from sqlrl.data.augment import mark_question
-        from sqlrl.data.prompts import build_messages, serialize_schema
-        from sqlrl.data.spider import Example
+        from sqlrl.data.prompts import build_messages
 
         s = self.settings
         try:
             if db_id is not None:
                 self.check_db_id(db_id, need_file=s.sample_rows > 0 and s.schema_format == "ddl")
-                return self._factory.messages(Example(db_id, question, "", "serve"))
+                return self._factory.messages(db_id, question)
             if ddl is not None:
-                schema = schema_from_ddl(ddl)
-                text = serialize_schema(schema, s.schema_format)  # no database: no sample rows
-                if s.mark_schema_mentions:
-                    question = mark_question(question, schema)
-                return build_messages(text, question, s.system_prompt)
+                return self._factory.messages_for_schema(schema_from_ddl(ddl), question)
             return build_messages(schema_str or "", question, s.system_prompt)
         except InputError:
             raise

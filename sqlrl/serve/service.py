@@ -34,9 +34,9 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.requests import ClientDisconnect
 
-from sqlrl.data.prompt_settings import PromptSettingsError
+from sqlrl.data.prompt_settings import PromptSettings, PromptSettingsError
 from sqlrl.serve.backends import BackendOptions, Busy, NotReady, make_backend
-from sqlrl.serve.prompting import InputError, PromptBuilder, PromptSettings
+from sqlrl.serve.prompting import InputError, PromptBuilder
 
 log = logging.getLogger("sqlrl.serve")
 

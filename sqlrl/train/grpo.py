@@ -93,14 +93,14 @@ def use_vllm(params: GrpoParams) -> bool:
     return params.use_vllm
 
 
-def grpo_config(params: GrpoParams, seed: int, output_dir: str, max_steps: int | None = None):
+def grpo_config(params: GrpoParams, seed: int, output_dir: str):
     """TRL's GRPOConfig from params; bf16 and gradient checkpointing always explicit. One
     generation round per optimizer step: batch_size * grad_accum completions per device."""
     from trl import GRPOConfig
 
     return GRPOConfig(
         output_dir=output_dir,
-        max_steps=max_steps or params.steps,
+        max_steps=params.steps,
         seed=seed,
         learning_rate=params.learning_rate,
         per_device_train_batch_size=params.batch_size,
@@ -200,18 +200,6 @@ def _cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def lora_config(params: GrpoParams):
-    from peft import LoraConfig
-
-    return LoraConfig(
-        r=params.lora.r,
-        lora_alpha=params.lora.alpha,
-        lora_dropout=params.lora.dropout,
-        target_modules=list(params.lora.target_modules),
-        task_type="CAUSAL_LM",
-    )
 
 
 FINGERPRINT_FILE = "sqlrl_run.json"
@@ -318,7 +306,7 @@ def train_grpo(
     from transformers import set_seed
     from trl import GRPOTrainer
 
-    from sqlrl.model.modeling import load_model_and_tokenizer
+    from sqlrl.model.modeling import load_model_and_tokenizer, lora_config
     from sqlrl.train.launch import is_main_process, wait_for_everyone
 
     check_vllm_server(params)
@@ -353,7 +341,7 @@ def train_grpo(
         args=args,
         train_dataset=dataset,
         processing_class=tokenizer,
-        peft_config=lora_config(params),
+        peft_config=lora_config(params.lora),
         callbacks=callbacks,
     )
     if not args.use_vllm:

@@ -24,7 +24,12 @@ from pathlib import Path
 
 from sqlrl.errors import PipelineError
 from sqlrl.hardware import resolve_bf16, set_torch_threads
-from sqlrl.model.modeling import load_model_and_tokenizer, n_parameters, saved_dtype
+from sqlrl.model.modeling import (
+    load_model_and_tokenizer,
+    lora_config,
+    n_parameters,
+    saved_dtype,
+)
 from sqlrl.params import SftParams
 from sqlrl.progress import trainer_progress
 
@@ -170,7 +175,8 @@ def _weighted_loss_trainer_class():
         def _record(self, logits, targets, is_completion, inputs):
             """Completion-token accuracy and trained tokens, over all processes."""
             hits = (logits.argmax(-1) == targets)[is_completion].sum()
-            counts = torch.stack([hits, is_completion.sum(), inputs["attention_mask"].sum()])
+            real = inputs.get("attention_mask", torch.ones_like(inputs["input_ids"]))
+            counts = torch.stack([hits, is_completion.sum(), real.sum()])
             if self.accelerator.num_processes > 1:
                 counts = self.accelerator.reduce(counts, reduction="sum")
             hits, n, tokens = (int(c) for c in counts)
@@ -251,19 +257,6 @@ def sft_config(params: SftParams, seed: int, output_dir: str, **overrides):
     return SFTConfig(**kwargs)
 
 
-def lora_config(params: SftParams):
-    from peft import LoraConfig
-
-    lora = params.lora
-    return LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
-        task_type="CAUSAL_LM",
-    )
-
-
 def train_sft(
     params: SftParams,
     seed: int,
@@ -313,7 +306,7 @@ def train_sft(
             train_dataset=dataset,
             processing_class=tokenizer,
             callbacks=callbacks,
-            peft_config=lora_config(params) if params.use_lora else None,
+            peft_config=lora_config(params.lora) if params.use_lora else None,
             **extra,
         )
         lengths = [len(ids) for ids in trainer.train_dataset["input_ids"]]
