@@ -394,16 +394,19 @@ def fake_vllm(monkeypatch):
     return module
 
 
-def test_vllm_absent_falls_back_to_transformers(tiny, monkeypatch):
-    _, _, path = tiny
+def test_vllm_absent_falls_back_to_transformers(tiny, prompts, monkeypatch, capsys):
+    """The same greedy completions as transformers gives, with a line saying why."""
+    model, tokenizer, path = tiny
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
     assert not gen.vllm_available()
-    generator, tokenizer = gen.make_generator(
+    generator, loaded = gen.make_generator(
         path, use_vllm=True, batch_size=4, max_new_tokens=6, seed=1, progress=False
     )
-    assert isinstance(generator, gen.HFGenerator)
     assert (generator.batch_size, generator.max_new_tokens) == (4, 6)
-    assert tokenizer.chat_template
+    plain = gen.HFGenerator(model, tokenizer, batch_size=1, max_new_tokens=6, progress=False)
+    assert generator.generate(prompts) == plain.generate(prompts)
+    assert loaded.chat_template == tokenizer.chat_template  # the model folder's own
+    assert "use_vllm is set but vLLM is not installed" in capsys.readouterr().err
 
 
 def test_vllm_path_with_a_stand_in_module(tiny, fake_vllm):

@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from sqlrl.data.prompts import build_messages, render_prompt
 from sqlrl.model.modeling import (
     ENDOFTEXT,
     IM_END,
@@ -140,9 +141,14 @@ def test_scratch_base_saves_model_and_tokenizer(tmp_path):
         load_params().base, source="scratch", architecture=dataclasses.replace(ARCH, vocab_size=300)
     )
     record = build_base(base, 7, _write_sft(tmp_path / "sft.jsonl"), tmp_path / "base")
-    assert record["source"] == "scratch" and record["n_params"] > 0
     model, tok = load_model_and_tokenizer(tmp_path / "base")
-    assert model.config.vocab_size == len(tok) and tok.chat_template
+    assert record["source"] == "scratch"
+    assert record["n_params"] == sum(p.numel() for p in model.parameters())
+    assert model.config.vocab_size == len(tok) == record["vocab_size"]
+    # the saved tokenizer renders the ChatML prompt the model is trained and served on
+    prompt = render_prompt(tok, build_messages("singer | id", "How many?", "SQL only."))
+    assert prompt.startswith(f"{IM_START}system\nSQL only.{IM_END}\n{IM_START}user\n")
+    assert prompt.endswith(f"{IM_END}\n{IM_START}assistant\n")
 
 
 def test_hub_path_with_a_local_folder_standing_in_for_a_hub_id(tokenizers_pair, tmp_path):
@@ -158,11 +164,12 @@ def test_hub_path_with_a_local_folder_standing_in_for_a_hub_id(tokenizers_pair, 
         dtype="float32",
     )
     record = build_base(base, 0, tmp_path / "unused.jsonl", tmp_path / "base")
-    assert record["source"] == "hub" and record["n_params"] > 0 and record["dtype"] == "float32"
+    assert record["source"] == "hub" and record["dtype"] == "float32"
     assert read_base_record(tmp_path / "base") == record
     assert not (tmp_path / "base" / "model.safetensors").exists()  # no second copy
     model, tok = load_model_and_tokenizer(tmp_path / "base")
     assert model.config.hidden_size == ARCH.hidden_size and len(tok) == len(hf)
+    assert record["n_params"] == sum(p.numel() for p in model.parameters())
 
 
 def test_offline_hub_failure_says_what_to_do(monkeypatch, tmp_path):

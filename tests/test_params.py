@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -15,6 +18,7 @@ from sqlrl.params import (
 from tests.repo_tools import REPO_ROOT
 
 PROFILES = ["cpu", "smoke", "qwen2.5-coder-3b"]
+EVERY_PROFILE = sorted(path.stem for path in (REPO_ROOT / "conf" / "profile").glob("*.yaml"))
 
 
 def test_committed_params_yaml_is_the_composed_default_profile():
@@ -30,13 +34,13 @@ def test_every_profile_composes_into_valid_params(profile):
     assert params.profile == profile
 
 
-def test_reference_profile_is_the_qwen_gpu_run():
-    """What makes it the reference: the hub model at a pinned commit, LoRA, vLLM rollouts,
-    bf16 (the tuned values live in the YAML and docs/experiments.md, not here)."""
-    p = params_from_dict(compose_params("qwen2.5-coder-3b"))
-    assert (p.base.source, p.base.model_id) == ("hub", "Qwen/Qwen2.5-Coder-3B-Instruct")
-    assert len(p.base.revision) == 40  # a pinned commit, not a branch
-    assert p.sft.use_lora and p.grpo.use_vllm and p.sft.bf16 is True and p.grpo.bf16 is True
+@pytest.mark.parametrize("profile", EVERY_PROFILE)
+def test_a_hub_model_is_pinned_to_a_commit(profile):
+    """A branch name would let the base model change under the same params (the run would
+    no longer reproduce); a scratch model has nothing to pin."""
+    base = params_from_dict(compose_params(profile)).base
+    if base.source == "hub":
+        assert re.fullmatch(r"[0-9a-f]{40}", base.revision), base.revision
 
 
 def test_reference_grpo_sees_many_questions_per_step_with_the_filter_on():
@@ -91,23 +95,12 @@ def test_every_profile_sets_precision_and_checkpointing_itself(profile):
     """TRL defaults bf16=True and gradient_checkpointing=True: a profile that inherits them
     from conf/config.yaml runs bf16 autocast (33x slower on an AVX2 CPU) or recomputes
     activations without meaning to. Each sets both, in its YAML or a profile it extends."""
-    conf = (REPO_ROOT / "params.yaml").parent / "conf" / "profile"
-    chain, todo = [], [profile]
-    while todo:
-        data = yaml.safe_load((conf / f"{todo.pop()}.yaml").read_text())
-        chain.append(data)
-        todo += [d for d in data.get("defaults", []) if isinstance(d, str)]
+    chain = _profile_chain(profile)
     for section in ("sft", "grpo"):
         for key in ("bf16", "gradient_checkpointing"):
             assert any(key in data.get(section, {}) for data in chain), (
                 f"{profile}: {section}.{key}"
             )
-
-
-def test_the_cpu_default_trains_in_fp32_unless_bf16_is_fast_and_uses_its_cores():
-    p = params_from_dict(compose_params("cpu"))
-    assert (p.sft.bf16, p.grpo.bf16) == ("auto", "auto")
-    assert p.torch_threads == 0
 
 
 @pytest.mark.parametrize("value", ["fast", 1, None])
@@ -118,16 +111,75 @@ def test_a_bf16_setting_other_than_true_false_auto_is_refused(value):
         params_from_dict(data)
 
 
-def test_schema_grounding_is_off_in_the_reference_profile():
-    p = params_from_dict(compose_params("qwen2.5-coder-3b"))
-    assert p.prepare.augment.copies == 0 and not p.prepare.mark_schema_mentions
+def _yaml(path: Path) -> dict:
+    return yaml.safe_load(path.read_text())
 
 
-def test_overrides_compose_like_dvc_exp_run_set_param():
-    assert compose_params(overrides=["grpo.steps=500"])["grpo"]["steps"] == 500
-    assert (
-        compose_params("smoke", ["prepare.schema_format=ddl"])["prepare"]["schema_format"] == "ddl"
-    )
+def _profile_chain(profile: str) -> list[dict]:
+    """A profile's YAML and the profiles it extends (its `defaults`), the parents first."""
+    data = _yaml(REPO_ROOT / "conf" / "profile" / f"{profile}.yaml")
+    parents = [d for d in data.get("defaults", []) if isinstance(d, str)]
+    return [ancestor for parent in parents for ancestor in _profile_chain(parent)] + [data]
+
+
+def _leaves(data: dict, prefix: str = "") -> dict:
+    """{dotted key: value} of nested mappings, without Hydra's `defaults` lists."""
+    leaves = {}
+    for key, value in data.items():
+        if key == "defaults" and not prefix:
+            continue
+        if isinstance(value, dict):
+            leaves.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            leaves[f"{prefix}{key}"] = value
+    return leaves
+
+
+@pytest.mark.parametrize("profile", EVERY_PROFILE)
+def test_a_profile_overrides_config_yaml_key_by_key_over_the_profile_it_extends(profile):
+    """What a profile sets wins over the profile it extends, which wins over conf/config.yaml;
+    every key it leaves alone keeps that default, also inside a section it changes."""
+    expected = _leaves(_yaml(REPO_ROOT / "conf" / "config.yaml"))
+    for data in _profile_chain(profile):
+        expected.update(_leaves(data))
+    assert _leaves(compose_params(profile)) == expected
+
+
+def test_overrides_compose_like_dvc_exp_run_set_param_over_the_profile():
+    smoke = compose_params("smoke")
+    steps = smoke["grpo"]["steps"] + 1
+    assert compose_params("smoke", [f"grpo.steps={steps}"])["grpo"]["steps"] == steps
+    other = "ddl" if smoke["prepare"]["schema_format"] == "compact" else "compact"
+    overridden = compose_params("smoke", [f"prepare.schema_format={other}"])
+    assert overridden["prepare"]["schema_format"] == other
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (
+            ["grpo.num_generations=4", "grpo.batch_size=6"],
+            r"grpo.batch_size \(6\) must be a multiple of grpo.num_generations \(4\)",
+        ),
+        (["grpo.scale_rewards=sometimes"], "grpo.scale_rewards must be group, batch or none"),
+        (["grpo.grad_accum=0"], "grpo.grad_accum must be >= 1"),
+        (["grpo.executable_credit=1.0"], r"grpo.executable_credit must be in \[0, 1\)"),
+        (["eval.num_samples=4", "eval.temperature=0"], "eval.temperature must be > 0"),
+        (["eval.batch_size=0"], "eval.batch_size, eval.max_new_tokens and eval.num_samples"),
+        (["sft.warmup_ratio=1.0"], r"sft.warmup_ratio must be in \[0, 1\)"),
+        (["prepare.augment.rename_prob=2"], r"prepare.augment.rename_prob must be in \[0, 1\]"),
+        (["prepare.augment.copies=-1"], "prepare.augment.copies must be >= 0"),
+        (["prepare.max_dev_examples=-1"], "prepare.max_dev_examples must be >= 0"),
+        (["base.source=cloud"], "base.source must be 'hub' or 'scratch'"),
+        (["base.dtype=int8"], "base.dtype must be one of"),
+        (["base.tokenizer=gpt2"], "base.tokenizer must be one of"),
+    ],
+)
+def test_a_run_override_that_makes_no_sense_is_refused_naming_the_key(overrides, message):
+    """`dvc exp run -S ...` composes whatever it is given: loading the params refuses it
+    before any stage runs, naming the key."""
+    with pytest.raises(ParamsError, match=message):
+        params_from_dict(compose_params("smoke", overrides))
 
 
 def _params_dict():
@@ -183,3 +235,8 @@ def test_load_params_names_the_file(tmp_path):
         load_params(bad)
     with pytest.raises(ParamsError, match="not found"):
         load_params(tmp_path / "absent.yaml")
+    data = _params_dict()
+    data["grpo"]["stepz"] = 3
+    bad.write_text(yaml.safe_dump(data))
+    with pytest.raises(ParamsError, match=rf"{re.escape(str(bad))}: unknown key\(s\) grpo.stepz"):
+        load_params(bad)

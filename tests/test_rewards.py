@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -97,27 +96,37 @@ BAD_COMPLETIONS = [
 ]
 
 
-def test_bad_completions_score_zero_quickly_and_change_nothing(
-    rewards, private_db, tmp_path, monkeypatch
-):
+def test_bad_completions_score_zero_and_change_nothing(rewards, private_db, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     execution, _ = rewards
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file()}
     n = len(BAD_COMPLETIONS)
-    start = time.monotonic()
-    scores = execution(BAD_COMPLETIONS, db_path=[str(private_db)] * n, gold_sql=[GOLD] * n)
+    logged = {}
+    scores = execution(
+        BAD_COMPLETIONS,
+        db_path=[str(private_db)] * n,
+        gold_sql=[GOLD] * n,
+        log_metric=logged.__setitem__,
+    )
     assert scores == [0.0] * n
-    assert time.monotonic() - start < 10.0  # one 0.5 s timeout, everything else immediate
+    # only the endless query waits for the time limit; everything else is refused at once
+    assert logged["execution/timeout_frac"] == 1 / n
+    assert logged["execution/error_frac"] == (n - 1) / n
     after = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in tmp_path.rglob("*") if p.is_file()}
     assert after == before
 
 
-def test_a_prediction_that_streams_forever_scores_zero_without_waiting(relative_db):
+def test_a_prediction_that_streams_forever_is_read_only_past_the_gold_rows(relative_db):
+    """More rows than the gold result already decide the verdict: the prediction is a wrong
+    answer, not a timeout (30 s here) nor an error at the 100,000-row cap."""
     execution = make_execution_reward(ExecLimits(timeout_s=30.0), workers=1)
     endless = "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) SELECT i FROM r"
-    start = time.monotonic()
-    assert execution([endless], db_path=[relative_db], gold_sql=[GOLD]) == [0.0]
-    assert time.monotonic() - start < 5.0  # it has more rows than the gold result: stop there
+    logged = {}
+    scores = execution(
+        [endless], db_path=[relative_db], gold_sql=[GOLD], log_metric=logged.__setitem__
+    )
+    assert scores == [0.0]
+    assert (logged["execution/timeout_frac"], logged["execution/error_frac"]) == (0.0, 0.0)
 
 
 def test_the_syntax_reward_pays_for_sql_that_executes(rewards, relative_db):
@@ -167,16 +176,24 @@ def test_trl_keyword_arguments_are_accepted_and_metrics_logged(rewards, relative
     assert logged["execution/error_frac"] == 0.5 and logged["execution/timeout_frac"] == 0.0
 
 
-def test_identical_items_in_a_batch_run_once(relative_db):
+def test_identical_items_in_a_batch_are_judged_once(relative_db, monkeypatch):
+    """A GRPO group repeats completions: each distinct (database, gold, SQL) runs once, and
+    one already judged in an earlier batch is not run again."""
+    from sqlrl.sql.judge import Judge
+
+    judged = []
+    real = Judge.judge
+    monkeypatch.setattr(
+        Judge, "judge", lambda self, *item: judged.append(item) or real(self, *item)
+    )
     execution = make_execution_reward(ExecLimits(timeout_s=5.0), workers=1)
-    slow = SLOW.format(n=2_000_000)
-    start = time.monotonic()
-    execution([slow], db_path=[relative_db], gold_sql=[slow + " "])
-    one = time.monotonic() - start
-    start = time.monotonic()
-    scores = execution([slow] * 40, db_path=[relative_db] * 40, gold_sql=[slow] * 40)
-    assert scores == [1.0] * 40
-    assert time.monotonic() - start < max(3.0, 10 * one)
+    same = "SELECT name FROM singer WHERE age >= 41"  # other SQL, the gold rows
+    other = "SELECT name FROM singer"
+    scores = execution([same] * 40 + [other], db_path=[relative_db] * 41, gold_sql=[GOLD] * 41)
+    assert scores == [1.0] * 40 + [0.0]
+    assert sorted(sql for _, _, sql in judged) == sorted([same, other])
+    assert execution([other, same], db_path=[relative_db] * 2, gold_sql=[GOLD] * 2) == [0.0, 1.0]
+    assert len(judged) == 2
 
 
 @pytest.mark.parametrize("backend", ["process", "thread"])
@@ -206,12 +223,12 @@ def test_parallel_scoring_agrees_with_inline_scoring(relative_db, spider_dir, ba
 
 
 def test_a_failing_worker_pool_does_not_fail_the_batch(relative_db, monkeypatch):
-    import sqlrl.train.rewards as rewards_module
+    import sqlrl.sql.judge
 
     def broken_worker(chunk):
         raise RuntimeError("worker died")
 
-    monkeypatch.setattr(rewards_module, "_judge_chunk", broken_worker)
+    monkeypatch.setattr(sqlrl.sql.judge, "_judge_chunk", broken_worker)
     execution = make_execution_reward(workers=2, backend="thread")
     completions = [f"SELECT name FROM singer WHERE age > {i}" for i in range(35, 75)]
     scores = execution(completions, db_path=relative_db, gold_sql=GOLD)

@@ -179,7 +179,8 @@ def test_prompt_loss_trains_on_the_prompt_tokens(base_dir):
 
 def test_weighted_prompt_loss_trains_the_prompt_less(base_dir):
     """prompt_loss_weight < 1: the prompt is still learnt (lower prompt loss than with the
-    completion-only loss), but less than with full weight."""
+    completion-only loss), but less than with full weight (higher prompt loss). Both by a
+    margin: 3.2 (full) < 3.5 (0.2) < 5.2 (none) when this was written."""
 
     def prompt_nll(**changes):
         out = base_dir / f"out_weighted_{changes}"
@@ -196,7 +197,7 @@ def test_weighted_prompt_loss_trains_the_prompt_less(base_dir):
     none = prompt_nll(completion_only_loss=True)
     weighted = prompt_nll(completion_only_loss=False, prompt_loss_weight=0.2)
     full = prompt_nll(completion_only_loss=False, prompt_loss_weight=1.0)
-    assert full < weighted < none - 0.5, (full, weighted, none)
+    assert full + 0.1 < weighted < none - 0.5, (full, weighted, none)
 
 
 @pytest.mark.parametrize("weight", [0.0, -0.5, 1.5])

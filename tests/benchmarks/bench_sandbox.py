@@ -107,6 +107,9 @@ ADVERSARIAL = {
     "length(upper()), many": _filled(
         LONG + "SELECT ", "length(upper(t || {i})) + unicode(lower(t || {i}))"
     ),
+    "runaway recursion": "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) "
+    "SELECT count(*) FROM r",
+    "11-way cartesian product": "SELECT count(*) FROM " + _calls("singer t{i}", 11),
     "sort in memory": "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r) "
     "SELECT i FROM r ORDER BY random() LIMIT 1",
     "sort of 2M rows in memory": "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 "
