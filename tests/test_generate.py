@@ -394,7 +394,7 @@ def fake_vllm(monkeypatch):
     return module
 
 
-def test_vllm_absent_falls_back_to_transformers(tiny, prompts, monkeypatch, capsys):
+def test_vllm_absent_falls_back_to_transformers(tiny, prompts, monkeypatch, caplog):
     """The same greedy completions as transformers gives, with a line saying why."""
     model, tokenizer, path = tiny
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` raises ImportError
@@ -406,7 +406,7 @@ def test_vllm_absent_falls_back_to_transformers(tiny, prompts, monkeypatch, caps
     plain = gen.HFGenerator(model, tokenizer, batch_size=1, max_new_tokens=6, progress=False)
     assert generator.generate(prompts) == plain.generate(prompts)
     assert loaded.chat_template == tokenizer.chat_template  # the model folder's own
-    assert "use_vllm is set but vLLM is not installed" in capsys.readouterr().err
+    assert "use_vllm is set but vLLM is not installed" in caplog.text
 
 
 def test_vllm_path_with_a_stand_in_module(tiny, fake_vllm):

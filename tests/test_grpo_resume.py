@@ -18,6 +18,7 @@ from sqlrl.train.grpo import (
     train_grpo,
 )
 from tests import test_grpo
+from tests.repo_tools import SPIDER_DIR
 
 rows = test_grpo.rows  # the same fixtures: real train questions, a tiny SFT model
 tiny_sft = test_grpo.tiny_sft
@@ -69,7 +70,7 @@ def _steps_logged(tmp_path) -> list[int]:
 
 
 def test_an_interrupted_run_resumes_from_its_checkpoint(rows, tiny_sft, tmp_path):
-    rewards = reward_functions(_params())
+    rewards = reward_functions(_params(), SPIDER_DIR)
     calls: list[int] = []
     with pytest.raises(Interrupted):  # killed in step 3, after checkpoint-2
         _train(tmp_path, _counting(rewards, calls, interrupt_at=3), tiny_sft, prompts=rows[:4])
@@ -99,14 +100,14 @@ def _retrained(sft_dir, tmp_path):
     return copy
 
 
-def test_a_changed_sft_model_starts_fresh_ignoring_the_checkpoint(rows, tiny_sft, tmp_path, capsys):
+def test_a_changed_sft_model_starts_fresh_ignoring_the_checkpoint(rows, tiny_sft, tmp_path, caplog):
     """After SFT is retrained, continuing the old run would train an adapter for the old
     model: the checkpoint is set aside and all the steps run."""
-    rewards = reward_functions(_params())
+    rewards = reward_functions(_params(), SPIDER_DIR)
     calls: list[int] = []
     with pytest.raises(Interrupted):
         _train(tmp_path, _counting(rewards, calls, interrupt_at=3), tiny_sft, prompts=rows[:4])
-    capsys.readouterr()
+    caplog.clear()
 
     calls.clear()
     retrained = _retrained(tiny_sft, tmp_path)
@@ -114,7 +115,7 @@ def test_a_changed_sft_model_starts_fresh_ignoring_the_checkpoint(rows, tiny_sft
     assert metrics["resumed_from"] is None
     assert metrics["steps"] == 4 and len(calls) == 4
     assert _steps_logged(tmp_path) == [0, 1, 2, 3]  # a new curve, not the old one continued
-    assert "grpo: not resuming from" in capsys.readouterr().err
+    assert "not resuming from" in caplog.text
     fingerprint = json.loads((tmp_path / "ckpt" / FINGERPRINT_FILE).read_text())["fingerprint"]
     assert fingerprint == run_fingerprint(_params(), 0, retrained, rows[:4])
 
@@ -148,11 +149,11 @@ def checkpointed(rows, tiny_sft, tmp_path):
 
 
 @pytest.mark.parametrize("change", CHANGES)
-def test_a_run_that_computes_from_something_else_does_not_resume(change, checkpointed, capsys):
+def test_a_run_that_computes_from_something_else_does_not_resume(change, checkpointed, caplog):
     folder, run = checkpointed
     assert checkpoint_to_resume(folder, run_fingerprint(**run)) == str(folder / "checkpoint-1")
     assert checkpoint_to_resume(folder, run_fingerprint(**CHANGES[change](run))) is None
-    assert f"not resuming from {folder / 'checkpoint-1'}" in capsys.readouterr().err
+    assert f"not resuming from {folder / 'checkpoint-1'}" in caplog.text
 
 
 @pytest.mark.parametrize("change", UNCHANGED)

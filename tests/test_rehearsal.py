@@ -48,4 +48,5 @@ def test_evaluation_decodes_greedily(rehearsal_repo):
     report = _metrics(rehearsal_repo, "eval_final")
     generation = report["generation"]
     assert generation["do_sample"] is False and generation["repetition_penalty"] == 1.0
-    assert report["n"] + report["skipped"] == _metrics(rehearsal_repo, "prepare")["dev"]["examples"]
+    dev = report["dev"]
+    assert dev["n"] + dev["skipped"] == _metrics(rehearsal_repo, "prepare")["dev"]["examples"]

@@ -11,6 +11,7 @@ import torch
 from sqlrl.model.modeling import build_base
 from sqlrl.params import ArchitectureParams, load_params
 from sqlrl.train.sft import load_sft_dataset, train_sft
+from tests.repo_tools import REPO_ROOT
 
 ARCH = ArchitectureParams(
     hidden_size=32,
@@ -52,7 +53,7 @@ def base_dir(tmp_path_factory):
 
 def _params(**changes):
     sft = dataclasses.replace(
-        load_params().sft,
+        load_params(REPO_ROOT / "params.yaml").sft,  # some tests run in a temporary folder
         epochs=1.0,
         batch_size=8,
         grad_accum=1,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlrl.errors import PipelineError
+from sqlrl.jsonio import write_json
 from sqlrl.params import SCHEMA_FORMATS
 
 PROMPT_SETTINGS_FILE = "sqlrl_prompt.json"
@@ -34,9 +35,7 @@ def write_prompt_settings(model_dir: str | Path, prepare, schema_repair: bool) -
     """Save the prompt-building part of `prepare` (PrepareParams) and eval.schema_repair."""
     settings = {name: getattr(prepare, name) for name in FIELDS if name != "schema_repair"}
     settings["schema_repair"] = bool(schema_repair)
-    path = Path(model_dir) / PROMPT_SETTINGS_FILE
-    path.write_text(json.dumps(settings, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return path
+    return write_json(Path(model_dir) / PROMPT_SETTINGS_FILE, settings)
 
 
 def read_prompt_settings(model_dir: str | Path) -> dict:

@@ -22,6 +22,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from sqlrl.errors import PipelineError
+from sqlrl.jsonio import write_json
 from sqlrl.params import ArchitectureParams, BaseParams, LoraParams, parse_bool
 
 BASE_RECORD = "base.json"
@@ -192,7 +193,7 @@ def build_scratch(
         "n_params_non_embedding": n - embed,
         "vocab_size": len(tokenizer),
     }
-    (out_dir / BASE_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    write_json(out_dir / BASE_RECORD, record)
     return record
 
 
@@ -274,7 +275,7 @@ def record_hub(params: BaseParams, out_dir: str | Path) -> dict:
         record["repo_id"] = str(Path(params.model_id).resolve())
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / BASE_RECORD).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    write_json(out_dir / BASE_RECORD, record)
     return record
 
 
