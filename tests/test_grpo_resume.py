@@ -161,3 +161,27 @@ def test_settings_that_do_not_change_the_result_keep_the_checkpoint(change, chec
     folder, run = checkpointed
     resumed = checkpoint_to_resume(folder, run_fingerprint(**UNCHANGED[change](run)))
     assert resumed == str(folder / "checkpoint-1")
+
+
+@pytest.mark.parametrize(
+    "save_steps, interrupt_at, checkpoint",
+    [(2, 4, "checkpoint-2"), (1, 2, "checkpoint-1")],
+    ids=["killed between checkpoints", "killed after the first step"],
+)
+def test_the_resumed_curve_has_one_point_a_step(
+    rows, tiny_sft, tmp_path, save_steps, interrupt_at, checkpoint
+):
+    """Steps after the checkpoint are redone; their points must replace the ones logged before
+    the kill, not follow them (DVCLive alone continued from its own last point: [0, 1, 2, 3,
+    4] for 4 steps, or [0, 0, 1] when killed after the first)."""
+    params = _params(save_steps=save_steps)
+    rewards = reward_functions(params, SPIDER_DIR)
+    calls: list[int] = []
+    with pytest.raises(Interrupted):
+        _train(
+            tmp_path, _counting(rewards, calls, interrupt_at), tiny_sft, params, prompts=rows[:4]
+        )
+    assert _steps_logged(tmp_path) == list(range(interrupt_at - 1))
+    metrics = _train(tmp_path, rewards, tiny_sft, params, prompts=rows[:4])
+    assert metrics["resumed_from"] == checkpoint
+    assert _steps_logged(tmp_path) == [0, 1, 2, 3]

@@ -16,6 +16,7 @@ import functools
 import hashlib
 import json
 import logging
+import os
 import shutil
 import statistics
 import time
@@ -256,6 +257,26 @@ def last_checkpoint(checkpoint_dir: str | Path) -> str | None:
     return get_last_checkpoint(str(path)) if path.is_dir() else None
 
 
+def curves_at_checkpoint(dvclive_dir: str | Path, checkpoint: str | Path) -> int:
+    """Cut the DVCLive curves back to the points logged up to `checkpoint` and return how
+    many that is: the trainer redoes the steps after it, and their points come again.
+    (DVCLiveCallback makes one point per trainer log, and the checkpoint keeps the logs.)"""
+    import csv
+
+    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
+    kept = len(state.get("log_history", []))
+    for tsv in Path(dvclive_dir, "plots", "metrics").rglob("*.tsv"):
+        with open(tsv, newline="", encoding="utf-8") as fh:
+            rows = list(csv.DictReader(fh, delimiter="\t"))
+        if not rows:
+            continue
+        with open(tsv, "w", newline="", encoding="utf-8") as fh:
+            writer = csv.DictWriter(fh, list(rows[0]), delimiter="\t", lineterminator=os.linesep)
+            writer.writeheader()
+            writer.writerows(r for r in rows if int(r["step"]) < kept)
+    return kept
+
+
 def summarize_log(history: list[dict], timer: StepTimer, steps: int, wall_s: float) -> dict:
     """metrics/grpo.json from the trainer's log history."""
     logged = [h for h in history if "reward" in h]
@@ -331,7 +352,11 @@ def train_grpo(
 
         from dvclive import Live
 
+        if resume_from:
+            logs_kept = curves_at_checkpoint(dvclive_dir, resume_from)
         live = Live(str(dvclive_dir), dvcyaml=False, save_dvc_exp=False, resume=bool(resume_from))
+        if resume_from:  # DVCLive would go on from its own last point, not the checkpoint's
+            live.step = logs_kept
         callbacks.append(DVCLiveCallback(live=live))
     args = grpo_config(params, seed, str(checkpoint_dir))
     score_completions_only_on_cpu()
