@@ -19,7 +19,11 @@ os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 def spider_dir():
     """The pulled Spider release (data/raw/spider). Missing data is an error, not a skip."""
     if not (SPIDER_DIR / "tables.json").is_file():
-        pytest.fail(f"Spider is not pulled: {SPIDER_DIR} is missing. Run `dvc pull` first.")
+        pytest.fail(
+            f"Spider is not pulled: {SPIDER_DIR} is missing. Run `dvc pull` first; if it "
+            "said 'Everything is up to date', its remote is not reachable from this clone "
+            "(`dvc remote list`: the default `storage` is a path relative to .dvc/)"
+        )
     return SPIDER_DIR
 
 
