@@ -352,11 +352,9 @@ def train_grpo(
 
         from dvclive import Live
 
-        if resume_from:
-            logs_kept = curves_at_checkpoint(dvclive_dir, resume_from)
         live = Live(str(dvclive_dir), dvcyaml=False, save_dvc_exp=False, resume=bool(resume_from))
         if resume_from:  # DVCLive would go on from its own last point, not the checkpoint's
-            live.step = logs_kept
+            live.step = curves_at_checkpoint(dvclive_dir, resume_from)
         callbacks.append(DVCLiveCallback(live=live))
     args = grpo_config(params, seed, str(checkpoint_dir))
     score_completions_only_on_cpu()
