@@ -44,6 +44,25 @@ def _check_bf16(name: str, value: bool | str) -> None:
         raise ParamsError(f"{name} must be true, false or auto, got {value!r}")
 
 
+def split_per_process(total: int, batch_size: int, world: int, what: str) -> tuple[int, int]:
+    """(rows per pass per process, passes per optimizer step) that make one optimizer step see
+    `total` rows in all over `world` processes. The recipe fixes the step's size; the machine
+    only decides how it is split, so 1, 4 or 8 GPUs train on the same data per step. The pass
+    is batch_size rows, or fewer when the step's share per process is smaller than that."""
+    if total < 1 or batch_size < 1:
+        raise ParamsError(f"{what} and its batch_size must be >= 1, got {total} and {batch_size}")
+    if total % world:
+        raise ParamsError(f"{what} ({total}) must be divisible by the {world} training processes")
+    per_process = total // world
+    batch = min(batch_size, per_process)
+    if per_process % batch:
+        raise ParamsError(
+            f"{what} ({total}) over {world} process(es) is {per_process} rows per process: "
+            f"not a multiple of batch_size {batch}; change one of them"
+        )
+    return batch, per_process // batch
+
+
 @dataclass(frozen=True)
 class AugmentParams:
     """Schema-grounding augmentation of sft.jsonl (sqlrl/data/augment.py); copies: 0 = off."""
@@ -136,8 +155,8 @@ class SftParams:
     lora: LoraParams
     epochs: float
     learning_rate: float
-    batch_size: int
-    grad_accum: int
+    batch_size: int  # rows per forward/backward pass per process, at most
+    rows_per_step: int  # rows per optimizer step over all processes (the recipe's batch)
     max_length: int
     bf16: bool | str  # true | false | auto (sqlrl/hardware.py: bf16 where it is fast)
     gradient_checkpointing: bool
@@ -151,9 +170,14 @@ class SftParams:
     # with completion_only_loss false: a prompt token's loss weight relative to a completion
     # token's (1.0: every token alike; smaller keeps the completion from being drowned out)
     prompt_loss_weight: float
+    save_steps: int  # checkpoint every N optimizer steps (sft.resume); 0 = none
+    resume: bool  # continue from the last checkpoint of an interrupted run with the same inputs
 
     def __post_init__(self):
         _check_bf16("sft.bf16", self.bf16)
+        split_per_process(self.rows_per_step, self.batch_size, 1, "sft.rows_per_step")
+        if self.save_steps < 0:
+            raise ParamsError(f"sft.save_steps must be >= 0, got {self.save_steps}")
         if not 0.0 <= self.warmup_ratio < 1.0:
             raise ParamsError(f"sft.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
         if not 0.0 < self.prompt_loss_weight <= 1.0:
@@ -162,6 +186,12 @@ class SftParams:
                 "completion_only_loss: true for no prompt loss), got "
                 f"{self.prompt_loss_weight}"
             )
+
+    def per_process(self, world_size: int = 1) -> tuple[int, int]:
+        """(rows per pass, passes per optimizer step) for each of world_size processes."""
+        return split_per_process(
+            self.rows_per_step, self.batch_size, world_size, "sft.rows_per_step"
+        )
 
 
 @dataclass(frozen=True)
@@ -186,10 +216,14 @@ class PassRateFilter:
 class GrpoParams:
     steps: int  # optimizer steps
     learning_rate: float
-    batch_size: int  # completions per forward/backward pass (per device)
-    grad_accum: int  # passes per optimizer step (and per generation round)
+    batch_size: int  # completions per forward/backward pass per process, at most
+    prompts_per_step: int  # questions per optimizer step over all processes (one generation round)
     num_generations: int  # group size
     temperature: float
+    top_p: float  # rollout sampling: 1.0 = off
+    top_k: int  # 0 = off
+    min_p: float  # 0.0 = off
+    repetition_penalty: float  # 1.0 = off
     max_completion_length: int
     loss_type: str  # grpo | dapo | dr_grpo | bnpo | ...
     beta: float  # KL weight (0: no reference model)
@@ -206,6 +240,10 @@ class GrpoParams:
     lora: LoraParams
     use_vllm: bool
     vllm_mode: str  # colocate | server
+    vllm_gpu_memory_utilization: float  # colocate: vLLM's share of each GPU's memory
+    vllm_max_model_length: int  # colocate: vLLM's context (longest prompt + completion)
+    vllm_enable_sleep_mode: bool  # colocate: free vLLM's memory during the optimizer step
+    vllm_tensor_parallel_size: int  # colocate: GPUs one vLLM engine spans
     vllm_server_host: str  # server mode: the host `trl vllm-serve` listens on
     vllm_server_port: int  # server mode: its port
     vllm_server_timeout_s: float  # server mode: how long to wait for it at start
@@ -224,8 +262,16 @@ class GrpoParams:
             )
         if self.scale_rewards not in ("group", "batch", "none"):
             raise ParamsError("grpo.scale_rewards must be group, batch or none")
-        if self.grad_accum < 1:
-            raise ParamsError(f"grpo.grad_accum must be >= 1, got {self.grad_accum}")
+        self.per_process(1)
+        if not 0.0 < self.top_p <= 1.0 or self.top_k < 0 or not 0.0 <= self.min_p < 1.0:
+            raise ParamsError(
+                f"grpo sampling: top_p must be in (0, 1], top_k >= 0, min_p in [0, 1); got "
+                f"{self.top_p}, {self.top_k}, {self.min_p}"
+            )
+        if self.repetition_penalty <= 0.0:
+            raise ParamsError(
+                f"grpo.repetition_penalty must be > 0 (1.0 = off), got {self.repetition_penalty}"
+            )
         if not 0.0 <= self.executable_credit < 1.0:
             raise ParamsError(
                 f"grpo.executable_credit must be in [0, 1), got {self.executable_credit}"
@@ -247,10 +293,30 @@ class GrpoParams:
             raise ParamsError(
                 f"grpo.vllm_server_timeout_s must be >= 0, got {self.vllm_server_timeout_s}"
             )
+        if not 0.0 < self.vllm_gpu_memory_utilization < 1.0:
+            raise ParamsError(
+                "grpo.vllm_gpu_memory_utilization must be in (0, 1), got "
+                f"{self.vllm_gpu_memory_utilization}"
+            )
+        if self.vllm_max_model_length <= self.max_completion_length:
+            raise ParamsError(
+                f"grpo.vllm_max_model_length ({self.vllm_max_model_length}) must exceed "
+                f"grpo.max_completion_length ({self.max_completion_length})"
+            )
+        if self.vllm_tensor_parallel_size < 1:
+            raise ParamsError(
+                f"grpo.vllm_tensor_parallel_size must be >= 1, got {self.vllm_tensor_parallel_size}"
+            )
 
-    def prompts_per_step(self, world_size: int = 1) -> int:
-        """Distinct questions in one optimizer step: TRL's batch sizes are per device."""
-        return self.batch_size * self.grad_accum * world_size // self.num_generations
+    def per_process(self, world_size: int = 1) -> tuple[int, int]:
+        """(completions per pass, passes per optimizer step) for each of world_size processes:
+        prompts_per_step questions x num_generations completions a step, whatever world_size."""
+        return split_per_process(
+            self.prompts_per_step * self.num_generations,
+            self.batch_size,
+            world_size,
+            "grpo.prompts_per_step x grpo.num_generations",
+        )
 
 
 @dataclass(frozen=True)
@@ -298,6 +364,19 @@ class Params:
     sft: SftParams
     grpo: GrpoParams
     eval: EvalParams
+
+    def __post_init__(self):
+        """What needs two sections: each step's split over launch.num_processes, and a vLLM
+        context that holds the longest prompt prepare may write plus a completion."""
+        world = self.launch.num_processes
+        self.sft.per_process(world)
+        self.grpo.per_process(world)
+        longest = self.prepare.max_prompt_tokens + self.grpo.max_completion_length
+        if self.prepare.max_prompt_tokens and self.grpo.vllm_max_model_length < longest:
+            raise ParamsError(
+                f"grpo.vllm_max_model_length ({self.grpo.vllm_max_model_length}) is less than "
+                f"prepare.max_prompt_tokens + grpo.max_completion_length ({longest})"
+            )
 
 
 def _build(cls: type, data: Any, where: str) -> Any:

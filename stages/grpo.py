@@ -7,8 +7,10 @@ import sys
 
 from sqlrl.jsonio import read_jsonl, write_json
 from sqlrl.params import load_params
-from sqlrl.train.grpo import ROW_KEYS, reward_functions, train_grpo
+from sqlrl.train.grpo import train_grpo
+from sqlrl.train.grpo_prompts import ROW_KEYS
 from sqlrl.train.launch import is_main_process
+from sqlrl.train.rewards import reward_functions
 from stages import stage_main
 
 

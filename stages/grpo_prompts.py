@@ -18,8 +18,8 @@ from sqlrl.hardware import set_torch_threads
 from sqlrl.jsonio import read_jsonl, write_json, write_jsonl
 from sqlrl.params import GrpoParams, load_params
 from sqlrl.sql.executor import SQLExecutor
-from sqlrl.train.grpo import ROW_KEYS, reward_functions
-from sqlrl.train.grpo_prompts import sampled_pass_rates, select_prompts
+from sqlrl.train.grpo_prompts import ROW_KEYS, sampled_pass_rates, select_prompts
+from sqlrl.train.rewards import reward_functions
 from stages import stage_main
 
 

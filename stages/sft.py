@@ -17,6 +17,7 @@ def arguments(parser) -> None:
     parser.add_argument("--base", required=True, help="the starting model folder")
     parser.add_argument("--data", required=True, help="sft.jsonl")
     parser.add_argument("--out", required=True, help="the model folder")
+    parser.add_argument("--checkpoints", required=True, help="outside DVC's outputs: sft.resume")
     parser.add_argument("--metrics", required=True)
     parser.add_argument("--dvclive", required=True, help="the training curves")
 
@@ -30,6 +31,7 @@ def main(args) -> int:
         args.data,
         args.out,
         args.dvclive,
+        checkpoint_dir=args.checkpoints,
         torch_threads=params.torch_threads,
     )
     if not is_main_process():  # rank 0 writes the model folder and the metrics

@@ -14,10 +14,10 @@ from sqlrl.data.spider import database_path, load_examples, load_schemas
 from sqlrl.model.modeling import build_scratch_model, to_transformers_tokenizer, train_tokenizer
 from sqlrl.params import ArchitectureParams, compose_params, params_from_dict
 from sqlrl.sql.executor import SQLExecutor
-from sqlrl.train.grpo import StepTimer, reward_functions, summarize_log, train_grpo
+from sqlrl.train.grpo import StepTimer, summarize_log, train_grpo
 from sqlrl.train.grpo_prompts import select_prompts
 from sqlrl.train.merge import merge_adapter
-from sqlrl.train.rewards import make_rewards
+from sqlrl.train.rewards import make_rewards, reward_functions
 from tests.repo_tools import SPIDER_DIR
 
 ARCH = ArchitectureParams(
@@ -153,6 +153,59 @@ def test_reward_wiring_on_a_tiny_model(rows, tiny_sft, tmp_path, monkeypatch):
     assert len(reward_curve.read_text().splitlines()) == 3  # header + one row per step
 
 
+def _adapter_weights(folder) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(folder / "adapter_model.safetensors"))
+
+
+def test_grpo_seed_still_rules_after_a_colocated_vllm_engine_reseeds_the_process(
+    rows, tiny_sft, tmp_path, monkeypatch
+):
+    """In colocate mode TRL builds the vLLM engine inside the trainer, and vLLM's worker seeds
+    random, numpy and torch with the engine's seed (0) as it starts. A stand-in trainer does
+    the same at the end of its constructor: the run must still train exactly as grpo's seed
+    says (the same adapter as a run without the reset), not as seed 0 would. The reward is the
+    completion's length, so every sampled token moves the adapter."""
+    import random
+    import types
+
+    import numpy as np
+    import trl
+
+    def length_reward(completions, **kwargs):
+        return [float(len(c[-1]["content"])) for c in completions]
+
+    def run(folder, trainer_class, seed=7):
+        monkeypatch.setattr(trl, "GRPOTrainer", trainer_class)
+        train_grpo(
+            _grpo_params(steps=2, batch_size=4, num_generations=2, max_completion_length=8),
+            seed,
+            tiny_sft,
+            rows[:4],
+            folder,
+            [length_reward, length_reward],  # grpo.reward_weights has two
+            checkpoint_dir=tmp_path / f"{folder.name}_ckpt",
+            dvclive_dir=None,
+        )
+        return _adapter_weights(folder)
+
+    class ColocatedEngineTrainer(trl.GRPOTrainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.vllm_generation = types.SimpleNamespace(mode="colocate")  # TRL's engine holder
+            random.seed(0)  # what vllm/v1/worker/gpu_worker.py's set_random_seed(0) does
+            np.random.seed(0)
+            torch.manual_seed(0)
+
+    plain = run(tmp_path / "plain", trl.GRPOTrainer)
+    reset = run(tmp_path / "reset", ColocatedEngineTrainer)
+    assert plain.keys() == reset.keys()
+    assert all(torch.equal(plain[k], reset[k]) for k in plain)
+    seed0 = run(tmp_path / "seed0", ColocatedEngineTrainer, seed=0)  # the seed vLLM imposes
+    assert not all(torch.equal(plain[k], seed0[k]) for k in plain)  # the seed matters here
+
+
 def test_summary_of_a_log_history():
     history = [
         {"reward": r, "loss": 0.1 * i, "frac_reward_zero_std": 0.5, "completions/mean_length": 10.0}
@@ -224,15 +277,104 @@ def test_use_vllm_without_vllm_falls_back_to_transformers_with_a_warning(
     assert "vLLM is not installed" in caplog.text
 
 
-def test_gradient_accumulation_gives_several_questions_per_step(tmp_path):
-    """TRL generates batch_size * grad_accum completions per optimizer step: that many
-    divided by the group size are distinct questions."""
+def test_gradient_accumulation_gives_the_recipes_questions_per_step(tmp_path):
+    """TRL generates per-device batch x accumulation completions per process per step: the
+    recipe's prompts_per_step x num_generations in one generation round."""
     from sqlrl.train.grpo import grpo_config
 
-    params = _grpo_params(batch_size=8, grad_accum=16, num_generations=8)
+    params = _grpo_params(batch_size=8, prompts_per_step=16, num_generations=8)
     config = grpo_config(params, 0, str(tmp_path))
     assert config.generation_batch_size == 128 and config.steps_per_generation == 16
-    assert params.prompts_per_step() == 16 and params.prompts_per_step(world_size=2) == 32
+
+
+@pytest.mark.parametrize("world", [1, 4, 8])
+def test_the_reference_step_takes_the_same_questions_on_any_number_of_gpus(world, tmp_path):
+    """grpo.prompts_per_step and sft.rows_per_step belong to the recipe: with 4 or 8
+    processes each takes a share, so 300 steps still draw 300 x 16 questions (per-process
+    accumulation used to multiply them by the GPU count)."""
+    from sqlrl.train.grpo import grpo_config
+    from sqlrl.train.sft import sft_config
+
+    params = params_from_dict(compose_params("qwen2.5-coder-3b", [f"launch.num_processes={world}"]))
+    grpo = grpo_config(dataclasses.replace(params.grpo, use_vllm=False), 0, str(tmp_path), world)
+    completions = grpo.per_device_train_batch_size * grpo.gradient_accumulation_steps * world
+    assert completions == 16 * 8 == params.grpo.prompts_per_step * params.grpo.num_generations
+    assert grpo.per_device_train_batch_size <= params.grpo.batch_size  # memory stays bounded
+    sft = sft_config(params.sft, 0, str(tmp_path), world)
+    assert sft.per_device_train_batch_size * sft.gradient_accumulation_steps * world == 16
+
+
+def test_a_step_that_does_not_split_over_the_processes_is_refused():
+    from sqlrl.params import ParamsError
+
+    with pytest.raises(
+        ParamsError, match=r"sft.rows_per_step \(16\) .* divisible by the 3 training"
+    ):
+        params_from_dict(compose_params("qwen2.5-coder-3b", ["launch.num_processes=3"]))
+
+
+def test_every_rollout_sampling_and_vllm_setting_comes_from_params(tmp_path, monkeypatch):
+    """None of them is left to TRL's defaults (vLLM's 0.3 of the GPU and a 32k context were
+    TRL's choices, not ours): values unlike TRL's defaults reach GRPOConfig unchanged."""
+    import sqlrl.train.grpo as grpo
+
+    monkeypatch.setattr(grpo, "use_vllm", lambda params: params.use_vllm)  # no vLLM here
+    settings = dict(
+        top_p=0.9,
+        top_k=20,
+        min_p=0.05,
+        repetition_penalty=1.1,
+        vllm_gpu_memory_utilization=0.45,
+        vllm_max_model_length=3000,
+        vllm_enable_sleep_mode=True,
+        vllm_tensor_parallel_size=2,
+    )
+    params = _grpo_params(use_vllm=True, **settings)
+    config = grpo.grpo_config(params, 0, str(tmp_path))
+    assert {k: getattr(config, k) for k in settings} == settings
+    reference = params_from_dict(compose_params("qwen2.5-coder-3b")).grpo
+    assert reference.vllm_max_model_length == 2048 + reference.max_completion_length
+    assert grpo.grpo_config(_grpo_params(min_p=0.0), 0, str(tmp_path)).min_p is None  # off
+
+
+def test_the_policys_frozen_weights_survive_many_weight_syncs(tiny_sft, tmp_path):
+    """With vLLM, TRL pushes weights every step by merging the LoRA adapter into the frozen
+    weights and unmerging it. GRPO's policy keeps those weights in fp32, where 100 cycles
+    return them to within fp32 rounding; a bf16 policy (what loading the bf16 SFT model in its
+    own dtype gave) drifts by a large share of the weights' size (TRL issue #6688)."""
+    from peft import get_peft_model
+
+    from sqlrl.model.modeling import load_model_and_tokenizer, lora_config
+    from sqlrl.train.grpo import load_policy
+
+    bf16_sft = tmp_path / "sft_bf16"  # the reference's SFT model is saved in bf16
+    model, tokenizer = load_model_and_tokenizer(tiny_sft)
+    model.to(torch.bfloat16).save_pretrained(bf16_sft)
+    tokenizer.save_pretrained(bf16_sft)
+
+    def drift_after_syncs(policy, cycles=100) -> float:
+        peft_model = get_peft_model(policy, lora_config(_grpo_params().lora))
+        torch.manual_seed(0)
+        for name, param in peft_model.named_parameters():
+            if "lora_B" in name:  # a trained adapter: B is no longer zero
+                param.data.normal_(0.0, 0.05)
+        frozen = {
+            n: p.detach().clone() for n, p in peft_model.named_parameters() if "base_layer" in n
+        }
+        for _ in range(cycles):
+            peft_model.merge_adapter()
+            peft_model.unmerge_adapter()
+        after = dict(peft_model.named_parameters())
+        return max(
+            float((after[n].float() - w.float()).abs().max() / w.float().abs().mean())
+            for n, w in frozen.items()
+        )
+
+    policy, _ = load_policy(bf16_sft)
+    assert next(policy.parameters()).dtype == torch.float32
+    assert drift_after_syncs(policy) < 1e-4
+    bf16_policy, _ = load_model_and_tokenizer(bf16_sft, dtype="bfloat16")
+    assert drift_after_syncs(bf16_policy) > 1e-2  # what the fp32 policy avoids
 
 
 def test_pass_rate_counts_solved_samples_not_partial_credit():

@@ -9,14 +9,10 @@ import shutil
 
 import pytest
 
-from sqlrl.train.grpo import (
-    FINGERPRINT_FILE,
-    checkpoint_to_resume,
-    last_checkpoint,
-    reward_functions,
-    run_fingerprint,
-    train_grpo,
-)
+from sqlrl.train.checkpoints import FINGERPRINT_FILE, checkpoint_to_resume, last_checkpoint
+from sqlrl.train.grpo import grpo_fingerprint as run_fingerprint
+from sqlrl.train.grpo import train_grpo
+from sqlrl.train.rewards import reward_functions
 from tests import test_grpo
 from tests.repo_tools import SPIDER_DIR
 

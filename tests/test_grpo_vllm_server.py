@@ -16,7 +16,8 @@ import pytest
 
 from sqlrl.errors import PipelineError
 from sqlrl.params import ParamsError, compose_params, params_from_dict
-from sqlrl.train.grpo import check_vllm_server, grpo_config, run_fingerprint
+from sqlrl.train.grpo import check_vllm_server, grpo_config
+from sqlrl.train.grpo import grpo_fingerprint as run_fingerprint
 from sqlrl.train.vllm_server import VllmServerError, wait_for_server
 from stages import run_stage
 from tests.repo_tools import REPO_ROOT

@@ -17,8 +17,8 @@ from sqlrl.params import (
 )
 from tests.repo_tools import REPO_ROOT
 
-PROFILES = ["cpu", "smoke", "qwen2.5-coder-3b"]
 EVERY_PROFILE = sorted(path.stem for path in (REPO_ROOT / "conf" / "profile").glob("*.yaml"))
+PROFILES = EVERY_PROFILE
 
 
 def test_committed_params_yaml_is_the_composed_default_profile():
@@ -46,7 +46,7 @@ def test_a_hub_model_is_pinned_to_a_commit(profile):
 def test_reference_grpo_sees_many_questions_per_step_with_the_filter_on():
     """One optimizer step must average over many questions, not one group (issue 16)."""
     g = params_from_dict(compose_params("qwen2.5-coder-3b")).grpo
-    assert g.prompts_per_step() >= 8
+    assert g.prompts_per_step >= 8
     assert g.pass_rate_filter.pool > 0 and g.pass_rate_filter.min_rate > 0
 
 
@@ -70,7 +70,7 @@ def test_rehearsal_profile_keeps_the_reference_settings_a_cpu_can_run():
                 "use_lora",
                 "lora",
                 "batch_size",
-                "grad_accum",
+                "rows_per_step",
                 "temperature",
                 "executable_credit",
                 "gradient_checkpointing",
@@ -83,14 +83,14 @@ def test_rehearsal_profile_keeps_the_reference_settings_a_cpu_can_run():
                 "reward_weights",
                 "drop_empty_gold",
             )
-            if hasattr(a, k) and not (section == "grpo" and k == "grad_accum")
+            if hasattr(a, k)
         ]
         assert [getattr(a, k) for k in same] == [getattr(b, k) for k in same], section
     assert not (reh.sft.bf16 or reh.grpo.bf16 or reh.grpo.use_vllm)
-    assert reh.grpo.prompts_per_step() >= 8  # GRPO's completions are cut for the CPU only
+    assert reh.grpo.prompts_per_step >= 8  # GRPO's completions are cut for the CPU only
 
 
-@pytest.mark.parametrize("profile", PROFILES + ["qwen-rehearsal"])
+@pytest.mark.parametrize("profile", PROFILES)
 def test_every_profile_sets_precision_and_checkpointing_itself(profile):
     """TRL defaults bf16=True and gradient_checkpointing=True: a profile that inherits them
     from conf/config.yaml runs bf16 autocast (33x slower on an AVX2 CPU) or recomputes
@@ -162,7 +162,10 @@ def test_overrides_compose_like_dvc_exp_run_set_param_over_the_profile():
             r"grpo.batch_size \(6\) must be a multiple of grpo.num_generations \(4\)",
         ),
         (["grpo.scale_rewards=sometimes"], "grpo.scale_rewards must be group, batch or none"),
-        (["grpo.grad_accum=0"], "grpo.grad_accum must be >= 1"),
+        (["grpo.prompts_per_step=0"], "grpo.prompts_per_step x grpo.num_generations and its"),
+        (["sft.rows_per_step=12"], r"sft.rows_per_step \(12\) over 1 process\(es\) .* batch_size 8"),
+        (["grpo.top_p=0"], r"top_p must be in \(0, 1\]"),
+        (["grpo.vllm_gpu_memory_utilization=1.0"], "grpo.vllm_gpu_memory_utilization must be in"),
         (["grpo.executable_credit=1.0"], r"grpo.executable_credit must be in \[0, 1\)"),
         (["eval.num_samples=4", "eval.temperature=0"], "eval.temperature must be > 0"),
         (["eval.batch_size=0"], "eval.batch_size, eval.max_new_tokens and eval.num_samples"),
@@ -240,3 +243,9 @@ def test_load_params_names_the_file(tmp_path):
     bad.write_text(yaml.safe_dump(data))
     with pytest.raises(ParamsError, match=rf"{re.escape(str(bad))}: unknown key\(s\) grpo.stepz"):
         load_params(bad)
+
+
+def test_a_vllm_context_shorter_than_the_longest_prompt_and_completion_is_refused():
+    """vLLM refuses a prompt past its context mid-run: the reference's params say so first."""
+    with pytest.raises(ParamsError, match=r"grpo.vllm_max_model_length \(2200\) is less than"):
+        params_from_dict(compose_params("qwen2.5-coder-3b", ["grpo.vllm_max_model_length=2200"]))

@@ -751,7 +751,7 @@ class _EngineCore:
     def check_prompt(self, prompt: str) -> None:
         limit = self.model_config.max_model_len
         n = len(self.tokenizer(prompt)["input_ids"])
-        if n > limit:
+        if n >= limit:  # v1/engine/input_processor.py: a prompt of max_model_len tokens too
             raise VLLMValidationError(
                 f"This model's maximum context length is {limit} tokens. However, you "
                 f"requested 0 output tokens and your prompt contains {n} input tokens, for a "
@@ -929,11 +929,17 @@ def test_vllm_async_votes_over_every_sample_it_asked_for(monkeypatch, trained):
 
 
 @pytest.mark.parametrize("with_async", [True, False])
-def test_vllm_refuses_a_prompt_over_the_engine_context_with_413(monkeypatch, trained, with_async):
+@pytest.mark.parametrize("max_prompt_tokens", [0, 100_000])
+def test_vllm_refuses_a_prompt_over_the_engine_context_with_413(
+    monkeypatch, trained, with_async, max_prompt_tokens
+):
+    """Without --max-prompt-tokens, and with one larger than the engine's context: the
+    engine's context bounds the prompt either way (a 500 from vLLM otherwise)."""
     vllm = _fake_vllm(with_async)
     _install(monkeypatch, vllm)
     schema = "\n".join(f"table_{i} | id, name_{i}, value_{i}" for i in range(150))
-    with TestClient(create_app(_config(trained, backend="vllm"), prompt_settings=SETTINGS)) as c:
+    config = _config(trained, backend="vllm", max_prompt_tokens=max_prompt_tokens)
+    with TestClient(create_app(config, prompt_settings=SETTINGS)) as c:
         r = c.post("/generate", json={"question": Q, "schema_str": schema})
         assert r.status_code == 413, r.text
         assert "the model's context of 512 tokens minus max_new_tokens 24" in r.json()["detail"]

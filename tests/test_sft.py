@@ -56,7 +56,7 @@ def _params(**changes):
         load_params(REPO_ROOT / "params.yaml").sft,  # some tests run in a temporary folder
         epochs=1.0,
         batch_size=8,
-        grad_accum=1,
+        rows_per_step=8,
         max_length=128,
         logging_steps=1,
         bf16=False,
@@ -288,7 +288,7 @@ def test_weighted_loss_at_weight_one_is_trls_loss_with_the_same_gradients(
             completion_only_loss=completion_only_loss,
             prompt_loss_weight=1.0,  # TRL: the loss on every token; ours: labels on the completion
             batch_size=8 // grad_accum,
-            grad_accum=grad_accum,
+            rows_per_step=8,
             group_by_length=False,
         )
         args = sft_config(params, 0, str(tmp_path / "out"), max_steps=1, max_grad_norm=0.0)
@@ -310,3 +310,101 @@ def test_weighted_loss_at_weight_one_is_trls_loss_with_the_same_gradients(
     assert ours_grads.keys() == trl_grads.keys()
     for name, grad in trl_grads.items():
         torch.testing.assert_close(ours_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def _varied_rows(path, n=128):
+    """SFT rows whose prompts run from a few to ~60 tokens: batches of mixed lengths pad."""
+    rows = [
+        {
+            "prompt": [
+                {"role": "system", "content": "Answer with SQL."},
+                {"role": "user", "content": "singer | id, name " * (1 + (i * 7) % 8) + f"{i}?"},
+            ],
+            "completion": [
+                {"role": "assistant", "content": f"SELECT name FROM singer WHERE id = {i}"}
+            ],
+        }
+        for i in range(n)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_padding_is_counted_and_length_grouping_cuts_it(base_dir, tmp_path):
+    """metrics/sft.json counts the real tokens and the padding of the batches trained on;
+    grouping rows by length trains the same tokens with less padding. (transformers groups
+    within mega-batches of up to 50 batches, at least 4 of them: 128 rows give 4 of 32.)"""
+    data = _varied_rows(tmp_path / "varied.jsonl")
+    runs = {
+        grouped: train_sft(
+            _params(group_by_length=grouped),
+            0,
+            base_dir / "base",
+            data,
+            tmp_path / f"out_{grouped}",
+            dvclive_dir=None,
+        )
+        for grouped in (False, True)
+    }
+    assert runs[True]["batch_tokens"] == runs[False]["batch_tokens"] == runs[True]["train_tokens"]
+    assert runs[True]["padding_tokens"] < runs[False]["padding_tokens"] / 2
+    for metrics in runs.values():
+        total = metrics["batch_tokens"] + metrics["padding_tokens"]
+        assert metrics["padding_share"] == round(metrics["padding_tokens"] / total, 4)
+
+
+class Interrupted(Exception):
+    """Stands for the stage being killed mid-run."""
+
+
+def _interrupting_progress(at_step: int, steps_run: list):
+    """A progress callback that records the steps this run trains and is killed at_step."""
+    from transformers import TrainerCallback
+
+    class Progress(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step + 1 == at_step:
+                raise Interrupted
+            steps_run.append(state.global_step + 1)
+
+    return Progress()
+
+
+def test_an_interrupted_sft_resumes_from_its_checkpoint_and_ends_as_an_uninterrupted_run(
+    base_dir, tmp_path, monkeypatch
+):
+    """Killed in step 3 of 3 after checkpoint-2, sft.resume trains only step 3 and saves the
+    same model as a run never interrupted; other params start fresh instead."""
+    from safetensors.torch import load_file
+
+    import sqlrl.train.sft as sft
+
+    def run(out, at_step=0, **changes):
+        steps = []
+        monkeypatch.setattr(
+            sft, "trainer_progress", lambda name: _interrupting_progress(at_step, steps)
+        )
+        metrics = train_sft(
+            _params(save_steps=1, resume=True, **changes),
+            0,
+            base_dir / "base",
+            base_dir / "sft.jsonl",
+            tmp_path / out,
+            dvclive_dir=None,
+            checkpoint_dir=tmp_path / "ckpt",
+        )
+        return metrics, steps
+
+    with pytest.raises(Interrupted):
+        run("killed", at_step=3)
+    assert not (tmp_path / "killed").exists()  # no output that looks complete
+    resumed, steps = run("resumed")
+    assert resumed["resumed_from"] == "checkpoint-2" and steps == [3]
+    fresh, steps = run("other_lr", learning_rate=1e-3)
+    assert fresh["resumed_from"] is None and steps == [1, 2, 3]
+    (tmp_path / "ckpt").rename(tmp_path / "ckpt_other")
+    whole, steps = run("whole")
+    assert whole["resumed_from"] is None and steps == [1, 2, 3]
+    a = load_file(str(tmp_path / "resumed" / "model.safetensors"))
+    b = load_file(str(tmp_path / "whole" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sqlrl.jsonio import DataFileError, read_jsonl
-from sqlrl.train.grpo import ROW_KEYS
+from sqlrl.train.grpo_prompts import ROW_KEYS
 from stages import run_stage
 
 REPO = Path(__file__).resolve().parents[1]

@@ -352,11 +352,12 @@ class Service:
         return render_prompt(self.backend.tokenizer, messages), db_path
 
     def check_prompt_length(self, prompt: str, max_new_tokens: int) -> int:
-        """The prompt's tokens; a 413 past --max-prompt-tokens or, without it, past the
-        context the backend reports (vLLM: the engine's max_model_len) minus max_new_tokens."""
+        """The prompt's tokens; a 413 past the tighter of --max-prompt-tokens and the context
+        the backend reports (vLLM: the engine's max_model_len) minus max_new_tokens: vLLM
+        refuses a longer prompt itself, and on its batch path one such prompt fails the batch."""
         limit, why = self.config.max_prompt_tokens, "the server's --max-prompt-tokens"
         context = getattr(self.backend, "context_length", None)
-        if not limit and context:
+        if context and (not limit or context - max_new_tokens < limit):
             limit = context - max_new_tokens
             why = f"the model's context of {context} tokens minus max_new_tokens {max_new_tokens}"
         n_tokens = len(self.backend.tokenizer(prompt, add_special_tokens=False)["input_ids"])

@@ -3,21 +3,19 @@
 The prompts come from the grpo_prompts stage (sqlrl/train/grpo_prompts.py).
 Rollouts use transformers generation, or vLLM where installed and asked for: colocated on the
 training GPUs, or a separate server (grpo.vllm_mode: server, checked before the model loads).
-The adapter is written to a temporary folder and renamed at the end, so an interrupted run
-never leaves an output that looks complete; checkpoints live outside the DVC output so that
-`grpo.resume: true` can continue an interrupted run: only a run of the same params, seed,
-prompts and SFT model (a fingerprint is kept with the checkpoints); otherwise it starts fresh.
+The policy's weights are kept in fp32 whatever the SFT model is saved in, bf16 coming from
+autocast: with vLLM, TRL pushes weights by merging the LoRA adapter into them and unmerging it
+every step, which in bf16 does not round back (TRL issue #6688) and would drift the frozen
+weights step by step; in fp32 the cycle returns them to within fp32 rounding.
+A step's size is the recipe's (grpo.prompts_per_step questions x num_generations), split over
+however many processes run it. The adapter is saved atomically; checkpoints and `grpo.resume`
+follow sqlrl/train/checkpoints.py (same params, seed, prompts and SFT model, or a fresh start).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import hashlib
-import json
 import logging
-import os
-import shutil
 import statistics
 import time
 from pathlib import Path
@@ -25,29 +23,15 @@ from pathlib import Path
 from sqlrl.hardware import resolve_bf16, set_torch_threads
 from sqlrl.params import GrpoParams
 from sqlrl.progress import trainer_progress
+from sqlrl.train.checkpoints import (
+    dvclive_callback,
+    prepare_checkpoints,
+    run_fingerprint,
+    save_atomically,
+)
 from sqlrl.train.vllm_server import require_vllm, wait_for_server
 
 log = logging.getLogger(__name__)
-
-ROW_KEYS = ("prompt", "gold_sql", "db_id", "question", "db_path")  # a GRPO row: prepare writes them
-
-
-def reward_functions(params: GrpoParams, spider_dir: str | Path) -> list:
-    """[execution, syntax] rewards as the profile configures them; the same in prompt selection
-    and in training, so a prompt's pass rate is measured by the reward it is trained on.
-    Schema repair reads the schemas from spider_dir/tables.json."""
-    from sqlrl.data.spider import load_schemas
-    from sqlrl.sql.executor import ExecLimits
-    from sqlrl.train.rewards import make_rewards
-
-    schemas = load_schemas(Path(spider_dir) / "tables.json") if params.schema_repair else None
-    return list(
-        make_rewards(
-            ExecLimits(timeout_s=params.reward_timeout_s),
-            schemas=schemas,
-            executable_credit=params.executable_credit,
-        )
-    )
 
 
 class StepTimer:
@@ -94,20 +78,27 @@ def use_vllm(params: GrpoParams) -> bool:
     return params.use_vllm
 
 
-def grpo_config(params: GrpoParams, seed: int, output_dir: str):
-    """TRL's GRPOConfig from params; bf16 and gradient checkpointing always explicit. One
-    generation round per optimizer step: batch_size * grad_accum completions per device."""
+def grpo_config(params: GrpoParams, seed: int, output_dir: str, world_size: int = 1):
+    """TRL's GRPOConfig from params. Every setting that shapes the rollouts or the run is set
+    from params, none left to TRL's defaults: sampling, the vLLM engine's memory, context, sleep
+    and parallelism, bf16 and gradient checkpointing. One generation round per optimizer step,
+    of grpo.prompts_per_step x num_generations completions split over world_size processes."""
     from trl import GRPOConfig
 
+    batch, accumulation = params.per_process(world_size)
     return GRPOConfig(
         output_dir=output_dir,
         max_steps=params.steps,
         seed=seed,
         learning_rate=params.learning_rate,
-        per_device_train_batch_size=params.batch_size,
-        gradient_accumulation_steps=params.grad_accum,
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=accumulation,
         num_generations=params.num_generations,
         temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        min_p=params.min_p or None,  # TRL's "off" is None (0.0 would add a no-op filter)
+        repetition_penalty=params.repetition_penalty,
         max_completion_length=params.max_completion_length,
         loss_type=params.loss_type,
         beta=params.beta,
@@ -121,6 +112,10 @@ def grpo_config(params: GrpoParams, seed: int, output_dir: str):
         vllm_server_host=params.vllm_server_host,
         vllm_server_port=params.vllm_server_port,
         vllm_server_timeout=params.vllm_server_timeout_s,
+        vllm_gpu_memory_utilization=params.vllm_gpu_memory_utilization,
+        vllm_max_model_length=params.vllm_max_model_length,
+        vllm_enable_sleep_mode=params.vllm_enable_sleep_mode,
+        vllm_tensor_parallel_size=params.vllm_tensor_parallel_size,
         bf16=resolve_bf16(params.bf16)[0],
         gradient_checkpointing=params.gradient_checkpointing,
         logging_steps=params.logging_steps,
@@ -203,78 +198,34 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-FINGERPRINT_FILE = "sqlrl_run.json"
-# they do not change the result: resuming, checkpoint and log intervals, the vLLM server's address
-_NOT_FINGERPRINTED = (
-    "resume",
-    "save_steps",
-    "logging_steps",
-    "vllm_server_host",
-    "vllm_server_port",
-    "vllm_server_timeout_s",
-)
+POLICY_DTYPE = "float32"  # the trained policy's weights; bf16 is autocast (module docstring)
 
 
-def run_fingerprint(params: GrpoParams, seed: int, sft_dir: str | Path, rows: list[dict]) -> str:
-    """A hash of what a GRPO run computes from: its params (not resume, save or logging
-    settings, nor where the vLLM server listens), seed, prompts and the SFT model's files."""
-    settings = {k: v for k, v in dataclasses.asdict(params).items() if k not in _NOT_FINGERPRINTED}
-    digest = hashlib.sha256(
-        json.dumps(
-            {"grpo": settings, "seed": seed, "rows": rows}, sort_keys=True, default=str
-        ).encode()
-    )
-    for path in sorted(p for p in Path(sft_dir).rglob("*") if p.is_file()):
-        digest.update(path.relative_to(sft_dir).as_posix().encode())
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
+def load_policy(sft_dir: str | Path):
+    """(model, tokenizer): the SFT model as GRPO trains it, its weights in POLICY_DTYPE."""
+    from sqlrl.model.modeling import load_model_and_tokenizer
+
+    return load_model_and_tokenizer(sft_dir, dtype=POLICY_DTYPE)
 
 
-def checkpoint_to_resume(checkpoint_dir: str | Path, fingerprint: str) -> str | None:
-    """The last checkpoint in checkpoint_dir when it was made by a run with this fingerprint;
-    None (and a line saying why) when there is none or it belongs to another run."""
-    last = last_checkpoint(checkpoint_dir)
-    if last is None:
-        return None
-    stored = Path(checkpoint_dir) / FINGERPRINT_FILE
-    made_by = json.loads(stored.read_text())["fingerprint"] if stored.is_file() else None
-    if made_by != fingerprint:
-        log.warning(
-            "not resuming from %s: it was made with other grpo params, seed, prompts or SFT "
-            "model; starting fresh",
-            last,
-        )
-        return None
-    return last
+def grpo_fingerprint(params: GrpoParams, seed: int, sft_dir: str | Path, rows: list[dict]) -> str:
+    """What a GRPO run computes from: params, seed, its prompt rows and the SFT model's files."""
+    return run_fingerprint(params, seed, [sft_dir], extra=rows)
 
 
-def last_checkpoint(checkpoint_dir: str | Path) -> str | None:
-    from transformers.trainer_utils import get_last_checkpoint
+def reseed_after_vllm_engine(trainer, seed: int) -> bool:
+    """Seed the global generators again once the trainer has built a colocated vLLM engine
+    (TRL's `vllm_generation`, mode "colocate"): vLLM's worker seeds random, numpy and torch
+    with the engine's own seed (0 on the first GPU) while it starts, and rollout sampling and
+    LoRA dropout would then follow that seed whatever grpo's seed says. Seeded as TRL seeds
+    each process just before it builds the engine. True when it re-seeded."""
+    from accelerate.utils import set_seed
 
-    path = Path(checkpoint_dir)
-    return get_last_checkpoint(str(path)) if path.is_dir() else None
-
-
-def curves_at_checkpoint(dvclive_dir: str | Path, checkpoint: str | Path) -> int:
-    """Cut the DVCLive curves back to the points logged up to `checkpoint` and return how
-    many that is: the trainer redoes the steps after it, and their points come again.
-    (DVCLiveCallback makes one point per trainer log, and the checkpoint keeps the logs.)"""
-    import csv
-
-    state = json.loads((Path(checkpoint) / "trainer_state.json").read_text())
-    kept = len(state.get("log_history", []))
-    for tsv in Path(dvclive_dir, "plots", "metrics").rglob("*.tsv"):
-        with open(tsv, newline="", encoding="utf-8") as fh:
-            rows = list(csv.DictReader(fh, delimiter="\t"))
-        if not rows:
-            continue
-        with open(tsv, "w", newline="", encoding="utf-8") as fh:
-            writer = csv.DictWriter(fh, list(rows[0]), delimiter="\t", lineterminator=os.linesep)
-            writer.writeheader()
-            writer.writerows(r for r in rows if int(r["step"]) < kept)
-    return kept
+    engine = getattr(trainer, "vllm_generation", None)
+    if getattr(engine, "mode", None) != "colocate":
+        return False
+    set_seed(seed, device_specific=True)
+    return True
 
 
 def summarize_log(history: list[dict], timer: StepTimer, steps: int, wall_s: float) -> dict:
@@ -327,36 +278,24 @@ def train_grpo(
     from transformers import set_seed
     from trl import GRPOTrainer
 
-    from sqlrl.model.modeling import load_model_and_tokenizer, lora_config
-    from sqlrl.train.launch import is_main_process, wait_for_everyone
+    from sqlrl.model.modeling import lora_config
+    from sqlrl.train.launch import is_main_process, wait_for_everyone, world_size
 
     check_vllm_server(params)
     writer = is_main_process()  # the one process that deletes, writes and renames outputs
     threads = set_torch_threads(torch_threads)
     set_seed(seed)
     timer = StepTimer()
-    model, tokenizer = load_model_and_tokenizer(sft_dir)
+    model, tokenizer = load_policy(sft_dir)
     dataset = Dataset.from_list(rows)
-    fingerprint = run_fingerprint(params, seed, sft_dir, rows)
-    resume_from = checkpoint_to_resume(checkpoint_dir, fingerprint) if params.resume else None
-    if writer:
-        if resume_from is None:
-            shutil.rmtree(checkpoint_dir, ignore_errors=True)
-        Path(checkpoint_dir).mkdir(parents=True, exist_ok=True)
-        fingerprint_file = Path(checkpoint_dir) / FINGERPRINT_FILE
-        fingerprint_file.write_text(json.dumps({"fingerprint": fingerprint}))
+    fingerprint = grpo_fingerprint(params, seed, sft_dir, rows)
+    resume_from = prepare_checkpoints(checkpoint_dir, fingerprint, params.resume, writer)
     wait_for_everyone()
     live, callbacks = None, [trainer_progress("grpo")]
     if dvclive_dir and writer:  # optional: the GPU rehearsal runs where dvclive is not installed
-        from transformers.integrations import DVCLiveCallback
-
-        from dvclive import Live
-
-        live = Live(str(dvclive_dir), dvcyaml=False, save_dvc_exp=False, resume=bool(resume_from))
-        if resume_from:  # DVCLive would go on from its own last point, not the checkpoint's
-            live.step = curves_at_checkpoint(dvclive_dir, resume_from)
-        callbacks.append(DVCLiveCallback(live=live))
-    args = grpo_config(params, seed, str(checkpoint_dir))
+        live, callback = dvclive_callback(dvclive_dir, resume_from)
+        callbacks.append(callback)
+    args = grpo_config(params, seed, str(checkpoint_dir), world_size())
     score_completions_only_on_cpu()
     trainer = GRPOTrainer(
         model=model,
@@ -367,6 +306,7 @@ def train_grpo(
         peft_config=lora_config(params.lora),
         callbacks=callbacks,
     )
+    reseed_after_vllm_engine(trainer, seed)
     if not args.use_vllm:
         share_prompt_prefill(trainer.model)
     if hasattr(trainer, "_generate_and_score_completions"):
@@ -376,17 +316,13 @@ def train_grpo(
     start = time.perf_counter()
     trainer.train(resume_from_checkpoint=resume_from)
     wall = time.perf_counter() - start
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    if writer:
-        shutil.rmtree(tmp, ignore_errors=True)
-    wait_for_everyone()
-    trainer.save_model(str(tmp))  # every process takes part (sharded models); rank 0 writes
-    if writer:
-        tokenizer.save_pretrained(tmp)
-        shutil.rmtree(out_dir, ignore_errors=True)
-        tmp.rename(out_dir)
-    wait_for_everyone()
+
+    def save(folder: Path) -> None:
+        trainer.save_model(str(folder))  # every process takes part (sharded models)
+        if writer:
+            tokenizer.save_pretrained(folder)
+
+    save_atomically(out_dir, save, writer, wait_for_everyone)
     if live is not None:
         live.end()
     metrics = summarize_log(trainer.state.log_history, timer, trainer.state.global_step, wall)
@@ -394,8 +330,8 @@ def train_grpo(
     world = trainer.accelerator.num_processes
     metrics.update(
         world_size=world,
-        prompts_per_step=params.prompts_per_step(world),
-        completions_per_step=params.batch_size * params.grad_accum * world,
+        prompts_per_step=args.generation_batch_size // params.num_generations,
+        completions_per_step=args.generation_batch_size,
         use_vllm=bool(args.use_vllm),
         torch_threads=threads,
         bf16=bool(args.bf16),

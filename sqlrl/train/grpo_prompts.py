@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from sqlrl.params import GrpoParams
 
+ROW_KEYS = ("prompt", "gold_sql", "db_id", "question", "db_path")  # a GRPO row: prepare writes them
+
 
 @dataclass
 class SelectionStats:

@@ -16,6 +16,7 @@ import logging
 import os
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 
 from sqlrl.sql.executor import ExecLimits
 from sqlrl.sql.extract import extract_sql
@@ -177,3 +178,19 @@ def make_execution_reward(
 
 # Module-level defaults (5 s limit, one pool started on first use), for TRL and scripts.
 execution_reward, syntax_reward = make_rewards()
+
+
+def reward_functions(params, spider_dir: str | Path) -> list:
+    """[execution, syntax] rewards as grpo params (GrpoParams) configure them; the same in
+    prompt selection and in training, so a prompt's pass rate is measured by the reward it is
+    trained on. Schema repair reads the schemas from spider_dir/tables.json."""
+    from sqlrl.data.spider import load_schemas
+
+    schemas = load_schemas(Path(spider_dir) / "tables.json") if params.schema_repair else None
+    return list(
+        make_rewards(
+            ExecLimits(timeout_s=params.reward_timeout_s),
+            schemas=schemas,
+            executable_credit=params.executable_credit,
+        )
+    )

@@ -11,13 +11,19 @@
   weights does not learn). Either way the output is a plain model folder.
 - bf16 and gradient checkpointing are set explicitly from params (TRL's defaults, both on, are
   wrong for a CPU); `sft.bf16: auto` picks bf16 only where it is fast (sqlrl/hardware.py).
+- A step trains on sft.rows_per_step rows whatever the number of processes (each takes its
+  share); rows of similar length are batched together with `sft.group_by_length`, and
+  metrics/sft.json counts the tokens trained and the padding the batches carried.
+- Checkpoints every sft.save_steps steps in the stage's --checkpoints folder; `sft.resume`
+  continues an interrupted run of the same params, seed, data and base model
+  (sqlrl/train/checkpoints.py). The model is saved atomically.
 - Curves (loss, learning rate, tokens/s) go to dvclive/sft/plots/metrics through DVCLive,
   which must not rewrite dvc.yaml (dvcyaml=False) nor make DVC experiments.
 """
 
 from __future__ import annotations
 
-import shutil
+import contextlib
 import tempfile
 import time
 from pathlib import Path
@@ -32,6 +38,12 @@ from sqlrl.model.modeling import (
 )
 from sqlrl.params import SftParams
 from sqlrl.progress import trainer_progress
+from sqlrl.train.checkpoints import (
+    dvclive_callback,
+    prepare_checkpoints,
+    run_fingerprint,
+    save_atomically,
+)
 
 
 class SftDataError(PipelineError, ValueError):
@@ -219,16 +231,52 @@ def _weighted_prompt_loss(params: SftParams) -> bool:
     return not params.completion_only_loss and params.prompt_loss_weight < 1.0
 
 
-def sft_config(params: SftParams, seed: int, output_dir: str, **overrides):
+class PaddingCounter:
+    """Wraps the trainer's data collator to count, in every batch it builds, the real tokens
+    (attention mask) and the padding: the share of compute a batching choice wastes."""
+
+    def __init__(self, collator):
+        self.collator = collator
+        self.tokens = 0
+        self.padding = 0
+
+    def __call__(self, features):
+        batch = self.collator(features)
+        ids = batch["input_ids"]
+        mask = batch.get("attention_mask")
+        real = int(mask.sum()) if mask is not None else ids.numel()
+        self.tokens += real
+        self.padding += ids.numel() - real
+        return batch
+
+    def as_metrics(self, accelerator) -> dict:
+        """Totals over every process of this run (each counted its own batches)."""
+        import torch
+
+        counts = torch.tensor([self.tokens, self.padding], device=accelerator.device)
+        if accelerator.num_processes > 1:
+            counts = accelerator.reduce(counts, reduction="sum")
+        tokens, padding = (int(c) for c in counts)
+        return {
+            "batch_tokens": tokens,
+            "padding_tokens": padding,
+            "padding_share": round(padding / max(tokens + padding, 1), 4),
+        }
+
+
+def sft_config(params: SftParams, seed: int, output_dir: str, world_size: int = 1, **overrides):
+    """TRL's SFTConfig from params: a step of sft.rows_per_step rows split over world_size
+    processes; checkpoints every sft.save_steps steps (0: none)."""
     import torch
     from trl import SFTConfig
 
+    batch, accumulation = params.per_process(world_size)
     kwargs = dict(
         output_dir=output_dir,
         num_train_epochs=params.epochs,
         learning_rate=params.learning_rate,
-        per_device_train_batch_size=params.batch_size,
-        gradient_accumulation_steps=params.grad_accum,
+        per_device_train_batch_size=batch,
+        gradient_accumulation_steps=accumulation,
         max_length=params.max_length,
         bf16=resolve_bf16(params.bf16)[0],
         fp16=False,
@@ -242,7 +290,9 @@ def sft_config(params: SftParams, seed: int, output_dir: str, **overrides):
         train_sampling_strategy="group_by_length" if params.group_by_length else "random",
         logging_steps=params.logging_steps,
         logging_first_step=True,
-        save_strategy="no",
+        save_strategy="steps" if params.save_steps else "no",
+        save_steps=params.save_steps or 500,  # unused when save_strategy is "no"
+        save_total_limit=2,
         eval_strategy="no",
         report_to="none",
         seed=seed,
@@ -264,17 +314,20 @@ def train_sft(
     data_path: str | Path,
     out_dir: str | Path,
     dvclive_dir: str | Path | None,
+    checkpoint_dir: str | Path | None = None,
     torch_threads: int = 0,
     **config_overrides,
 ) -> dict:
     """Fine-tune the model in base_dir on the rows of data_path, save the merged model to
-    out_dir, return metrics; the training curves go to dvclive_dir (None: nowhere)."""
+    out_dir, return metrics; the training curves go to dvclive_dir (None: nowhere).
+    checkpoint_dir should be outside DVC's outputs, so an interrupted run can resume from it
+    (sft.resume); None keeps no checkpoints."""
     import torch
     from transformers import set_seed
-    from transformers.integrations import DVCLiveCallback
 
     from sqlrl.train.launch import is_main_process, wait_for_everyone, world_size
 
+    writer = is_main_process()  # the one process that deletes, writes and renames outputs
     threads = set_torch_threads(torch_threads)
     set_seed(seed)
     model, tokenizer = load_model_and_tokenizer(
@@ -283,14 +336,14 @@ def train_sft(
     save_dtype = getattr(torch, saved_dtype(base_dir))  # the base model's (bf16 for Qwen)
     model.config.use_cache = False
     dataset = load_sft_dataset(data_path)
+    resume_from = None
+    if checkpoint_dir is not None:
+        fingerprint = run_fingerprint(params, seed, [base_dir, data_path], extra=config_overrides)
+        resume_from = prepare_checkpoints(checkpoint_dir, fingerprint, params.resume, writer)
+    wait_for_everyone()
     callbacks = [_throughput_callback(), trainer_progress("sft")]
-    if dvclive_dir and is_main_process():  # one writer of the curves
-        from dvclive import Live
-
-        shutil.rmtree(dvclive_dir, ignore_errors=True)
-        callbacks.append(
-            DVCLiveCallback(live=Live(str(dvclive_dir), dvcyaml=False, save_dvc_exp=False))
-        )
+    if dvclive_dir and writer:  # one writer of the curves
+        callbacks.append(dvclive_callback(dvclive_dir, resume_from)[1])
     if _weighted_prompt_loss(params):
         trainer_class = _weighted_loss_trainer_class()
         extra = {"prompt_loss_weight": params.prompt_loss_weight}
@@ -298,8 +351,13 @@ def train_sft(
         from trl import SFTTrainer as trainer_class
 
         extra = {}
-    with tempfile.TemporaryDirectory(prefix="sft-") as tmp:
-        args = sft_config(params, seed, tmp, **config_overrides)
+    with contextlib.ExitStack() as stack:
+        output_dir = checkpoint_dir or stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="sft-")
+        )
+        if checkpoint_dir is None:
+            config_overrides = {"save_strategy": "no", **config_overrides}
+        args = sft_config(params, seed, str(output_dir), world_size(), **config_overrides)
         trainer = trainer_class(
             model=model,
             args=args,
@@ -311,8 +369,10 @@ def train_sft(
         )
         lengths = [len(ids) for ids in trainer.train_dataset["input_ids"]]
         rows = check_rows_fit(len(dataset), lengths, args.max_length)
+        padding = PaddingCounter(trainer.data_collator)
+        trainer.data_collator = padding  # the train dataloader is built in train(), from here
         start = time.perf_counter()
-        result = trainer.train()
+        result = trainer.train(resume_from_checkpoint=resume_from)
         wall = time.perf_counter() - start
     tokens = round(sum(lengths) * trainer.state.epoch)  # every row once an epoch, no padding
     trained = trainer.accelerator.unwrap_model(trainer.model)
@@ -320,14 +380,15 @@ def train_sft(
         trained = trained.merge_and_unload()
     trained = trained.to(save_dtype)  # not the fp32 a CPU computed in
     trained.config.use_cache = True
-    out_dir = Path(out_dir)
-    if is_main_process():  # the others wait: one process deletes and writes the model
-        shutil.rmtree(out_dir, ignore_errors=True)
-        trained.save_pretrained(out_dir)
-        tokenizer.save_pretrained(out_dir)
-    wait_for_everyone()
+
+    def save(folder: Path) -> None:
+        if writer:
+            trained.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+
+    save_atomically(out_dir, save, writer, wait_for_everyone)
     last = callbacks[0].last_log
-    metrics = {
+    return {
         "final_loss": last.get("loss"),
         "mean_loss": result.training_loss,
         "final_token_accuracy": last.get("mean_token_accuracy"),
@@ -339,6 +400,11 @@ def train_sft(
         "wall_seconds": round(wall, 1),
         "train_tokens": tokens,
         "tokens_per_second": round(tokens / wall, 1) if tokens else None,
+        **padding.as_metrics(trainer.accelerator),
+        "rows_per_step": args.per_device_train_batch_size
+        * args.gradient_accumulation_steps
+        * trainer.accelerator.num_processes,
+        "resumed_from": Path(resume_from).name if resume_from else None,
         "n_params": n_parameters(trained),
         "use_lora": params.use_lora,
         "torch_threads": threads,
@@ -346,4 +412,3 @@ def train_sft(
         "bf16": bool(args.bf16),
         "bf16_reason": resolve_bf16(params.bf16)[1],
     }
-    return metrics
