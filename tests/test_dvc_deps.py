@@ -123,3 +123,51 @@ def _instances(stage: dict) -> list[tuple[str, dict]]:
             text = text.replace("${item.%s}" % field, value)
         out.append((key, yaml.safe_load(text)))
     return out
+
+
+# the module holding each training or evaluation stage's own logic
+STAGE_MODULES = {
+    "sft": "sqlrl/train/sft.py",
+    "grpo": "sqlrl/train/grpo.py",
+    "merge": "sqlrl/train/merge.py",
+    "evaluate": "sqlrl/eval/evaluate.py",
+}
+
+
+def _ancestors(stages: dict) -> dict[str, set[str]]:
+    """Stage -> every stage whose outputs it consumes, directly or not."""
+    bodies = {name: stage.get("do", stage) for name, stage in stages.items()}
+    outs = {name: [o for o in _declared(b, "outs") if "${" not in o] for name, b in bodies.items()}
+    direct = {
+        name: {
+            other
+            for other, paths in outs.items()
+            if other != name
+            and any(d == p or d.startswith(p + "/") for d in _declared(b, "deps") for p in paths)
+        }
+        for name, b in bodies.items()
+    }
+    closure = {}
+    for name in direct:
+        seen, todo = set(), list(direct[name])
+        while todo:
+            stage = todo.pop()
+            if stage not in seen:
+                seen.add(stage)
+                todo += direct[stage]
+        closure[name] = seen
+    return closure
+
+
+def test_no_stage_depends_on_the_code_of_a_stage_after_it():
+    """An edit to GRPO's code must leave grpo_prompts (which samples the SFT model) and SFT up
+    to date: the deps follow the data flow, never against it."""
+    stages = yaml.safe_load((REPO_ROOT / "dvc.yaml").read_text())["stages"]
+    for stage, earlier in _ancestors(stages).items():
+        module = STAGE_MODULES.get(stage)
+        for ancestor in earlier if module else ():
+            deps = _declared(stages[ancestor].get("do", stages[ancestor]), "deps")
+            assert not any(module == d or module.startswith(d.rstrip("/") + "/") for d in deps), (
+                f"stage {ancestor} runs before {stage} but depends on {module}"
+            )
+    assert _ancestors(stages)["grpo"] >= {"grpo_prompts", "sft"}  # the DAG was read

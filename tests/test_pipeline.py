@@ -152,8 +152,8 @@ def test_a_second_run_from_scratch_gives_identical_metrics_and_predictions(
 
 def test_two_processes_train_data_parallel_and_write_each_output_once(tmp_path_factory):
     """`dvc exp run -S launch.num_processes=2`: sft and grpo run as two gloo processes under
-    `accelerate launch`; rank 0 alone deletes, writes and renames (before, the second rank's
-    rename failed), the metrics say so, and the final model loads."""
+    `accelerate launch`; rank 0 alone deletes, writes and renames, the metrics say so, each
+    step trains on the recipe's rows and questions, and the final model loads."""
     from transformers import AutoModelForCausalLM
 
     from tests.conftest import make_smoke_repo
@@ -163,8 +163,12 @@ def test_two_processes_train_data_parallel_and_write_each_output_once(tmp_path_f
     )
     sft, grpo = _metrics(repo, "sft"), _metrics(repo, "grpo")
     assert sft["world_size"] == 2 and grpo["world_size"] == 2
-    params = yaml.safe_load((repo / "params.yaml").read_text())["grpo"]
-    assert grpo["prompts_per_step"] == 2 * params["batch_size"] // params["num_generations"]
-    assert grpo["completions_per_step"] == 2 * params["batch_size"]
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    # a step is the recipe's size on two processes too: each takes half, none is doubled
+    assert sft["rows_per_step"] == params["sft"]["rows_per_step"]
+    assert grpo["prompts_per_step"] == params["grpo"]["prompts_per_step"]
+    assert grpo["completions_per_step"] == (
+        params["grpo"]["prompts_per_step"] * params["grpo"]["num_generations"]
+    )
     assert not (repo / "models" / "grpo_adapter.tmp").exists()
     assert AutoModelForCausalLM.from_pretrained(repo / "models" / "final").num_parameters() > 0
