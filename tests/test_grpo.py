@@ -407,7 +407,7 @@ def test_on_a_cpu_only_completion_tokens_are_scored_with_the_same_log_probs(tiny
     from transformers import AutoModelForCausalLM
     from trl.kernels.chunked_logprob import _use_triton as stock
 
-    from sqlrl.train.grpo import score_completions_only_on_cpu
+    from sqlrl.patches import completion_logits_only_on_cpu
 
     model = AutoModelForCausalLM.from_pretrained(tiny_sft)
     trl_utils.add_fused_lm_head(model)
@@ -433,8 +433,9 @@ def test_on_a_cpu_only_completion_tokens_are_scored_with_the_same_log_probs(tiny
 
     monkeypatch.setattr(trl_utils, "_use_triton", stock)
     every_position = log_probs()
-    assert score_completions_only_on_cpu()
-    completions_only = log_probs()
+    with completion_logits_only_on_cpu():
+        completions_only = log_probs()
+    assert trl_utils._use_triton is stock  # only for the block
     assert scored == [2 * 11, 2 * 3]
     valid = labels[:, 1:] != -100
     torch.testing.assert_close(completions_only[valid], every_position[valid])

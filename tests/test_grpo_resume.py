@@ -96,6 +96,7 @@ def _retrained(sft_dir, tmp_path):
     return copy
 
 
+@pytest.mark.slow  # ~20-80 s: the fast tier stays a few minutes
 def test_a_changed_sft_model_starts_fresh_ignoring_the_checkpoint(rows, tiny_sft, tmp_path, caplog):
     """After SFT is retrained, continuing the old run would train an adapter for the old
     model: the checkpoint is set aside and all the steps run."""
@@ -164,6 +165,7 @@ def test_settings_that_do_not_change_the_result_keep_the_checkpoint(change, chec
     [(2, 4, "checkpoint-2"), (1, 2, "checkpoint-1")],
     ids=["killed between checkpoints", "killed after the first step"],
 )
+@pytest.mark.slow  # ~20-80 s: the fast tier stays a few minutes
 def test_the_resumed_curve_has_one_point_a_step(
     rows, tiny_sft, tmp_path, save_steps, interrupt_at, checkpoint
 ):

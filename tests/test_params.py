@@ -163,7 +163,10 @@ def test_overrides_compose_like_dvc_exp_run_set_param_over_the_profile():
         ),
         (["grpo.scale_rewards=sometimes"], "grpo.scale_rewards must be group, batch or none"),
         (["grpo.prompts_per_step=0"], "grpo.prompts_per_step x grpo.num_generations and its"),
-        (["sft.rows_per_step=12"], r"sft.rows_per_step \(12\) over 1 process\(es\) .* batch_size 8"),
+        (
+            ["sft.rows_per_step=12"],
+            r"sft.rows_per_step \(12\) over 1 process\(es\) .* batch_size 8",
+        ),
         (["grpo.top_p=0"], r"top_p must be in \(0, 1\]"),
         (["grpo.vllm_gpu_memory_utilization=1.0"], "grpo.vllm_gpu_memory_utilization must be in"),
         (["grpo.executable_credit=1.0"], r"grpo.executable_credit must be in \[0, 1\)"),

@@ -116,6 +116,7 @@ def test_heldout_takes_the_fraction_of_each_databases_queries_with_all_their_que
     assert not held_queries & {(e.db_id, e.query.split()[1]) for e in train}
 
 
+@pytest.mark.slow  # ~20-80 s: the fast tier stays a few minutes
 def test_no_heldout_gold_query_is_trained_on_in_the_real_prepared_data(spider_dir, tmp_path):
     """The default profile's prepare, augmented copies included: no held-out gold query
     (normalised as the split normalises) appears among the SFT completions or GRPO prompts."""

@@ -159,6 +159,7 @@ def _prompt_nll(model_dir, base_dir):
         return model(**ids, labels=ids["input_ids"]).loss.item()
 
 
+@pytest.mark.slow  # ~20-80 s: the fast tier stays a few minutes
 def test_prompt_loss_trains_on_the_prompt_tokens(base_dir):
     """completion_only_loss=False: the model also learns the schema/question text."""
     nll = {}
@@ -178,6 +179,7 @@ def test_prompt_loss_trains_on_the_prompt_tokens(base_dir):
     assert nll[False] < nll[True] - 0.5, nll
 
 
+@pytest.mark.slow  # ~20-80 s: the fast tier stays a few minutes
 def test_weighted_prompt_loss_trains_the_prompt_less(base_dir):
     """prompt_loss_weight < 1: the prompt is still learnt (lower prompt loss than with the
     completion-only loss), but less than with full weight (higher prompt loss). Both by a
@@ -330,6 +332,7 @@ def _varied_rows(path, n=128):
     return path
 
 
+@pytest.mark.slow  # ~20-80 s: the fast tier stays a few minutes
 def test_padding_is_counted_and_length_grouping_cuts_it(base_dir, tmp_path):
     """metrics/sft.json counts the real tokens and the padding of the batches trained on;
     grouping rows by length trains the same tokens with less padding. (transformers groups

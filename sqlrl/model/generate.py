@@ -163,6 +163,8 @@ def shared_prefix_generate(
     `generate`: the model's own generate method, where `model.generate` is this function."""
     import torch
 
+    from sqlrl.patches import left_padded_position_ids
+
     generate = generate or model.generate
     starts, lengths = repeated_rows(input_ids, attention_mask)
     if len(starts) == len(input_ids) or input_ids.shape[1] < 2:
@@ -173,9 +175,7 @@ def shared_prefix_generate(
             **kwargs,
         )
     ids, mask = input_ids[starts], attention_mask[starts]
-    # the positions transformers gives a left-padded prompt (GenerationMixin.
-    # _prepare_position_ids_for_generation), so the cached keys are the ones it would compute
-    positions = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    positions = left_padded_position_ids(mask)  # the cached keys are those generate computes
     with torch.no_grad():  # all but the last prompt token: generate runs that one itself
         cache = model(
             input_ids=ids[:, :-1],

@@ -14,6 +14,7 @@ follow sqlrl/train/checkpoints.py (same params, seed, prompts and SFT model, or 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import statistics
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from sqlrl.hardware import resolve_bf16, set_torch_threads
 from sqlrl.params import GrpoParams
+from sqlrl.patches import completion_logits_only_on_cpu, shared_prompt_prefill, timed_rollouts
 from sqlrl.progress import trainer_progress
 from sqlrl.train.checkpoints import (
     dvclive_callback,
@@ -35,20 +37,17 @@ log = logging.getLogger(__name__)
 
 
 class StepTimer:
-    """Seconds spent in generation+scoring and in reward functions, per optimizer step."""
+    """Seconds spent in generation+scoring and in reward functions, over the run."""
 
     def __init__(self):
         self.reward_s = 0.0
         self.rollout_s = 0.0
 
+    def add_rollout(self, seconds: float) -> None:
+        self.rollout_s += seconds
+
     def wrap_reward(self, fn):
-        return self._timed(fn, "reward_s")
-
-    def wrap_rollout(self, fn):
-        return self._timed(fn, "rollout_s")
-
-    def _timed(self, fn, counter: str):
-        """`fn`, adding its wall time to self.<counter> (name and doc kept: TRL logs by name)."""
+        """`fn`, adding its wall time to reward_s (name and doc kept: TRL logs by name)."""
 
         @functools.wraps(fn)
         def timed(*args, **kwargs):
@@ -56,7 +55,7 @@ class StepTimer:
             try:
                 return fn(*args, **kwargs)
             finally:
-                setattr(self, counter, getattr(self, counter) + time.perf_counter() - start)
+                self.reward_s += time.perf_counter() - start
 
         return timed
 
@@ -146,50 +145,6 @@ def check_vllm_server(params: GrpoParams) -> int | None:
         workers,
     )
     return workers
-
-
-def score_completions_only_on_cpu() -> bool:
-    """TRL 1.16's fused LM head scores only the completion tokens on a Triton device, but every
-    position (prompt included) elsewhere, to keep tile shapes fixed for compiled backends. A CPU
-    runs eagerly, so score only the completions there too: the same log-probabilities, and the
-    vocabulary-sized head runs on ~100 completion tokens instead of ~400 prompt + completion
-    (on Qwen's 152k vocabulary that head dominates a CPU step). False when TRL has no such hook."""
-    import trl.trainer.utils as trl_utils
-
-    original = getattr(trl_utils, "_use_triton", None)
-    if original is None:
-        return False
-    if not getattr(original, "completions_only_on_cpu", False):
-
-        def compact(device) -> bool:
-            return device.type == "cpu" or original(device)
-
-        compact.completions_only_on_cpu = True
-        trl_utils._use_triton = compact
-    return True
-
-
-def share_prompt_prefill(model) -> None:
-    """TRL's transformers rollouts hold each prompt num_generations times in a row: have the
-    model run each prompt once and copy its KV cache to the repeats (sqlrl.model.generate.
-    shared_prefix_generate): the same samples, ~1/num_generations of the prompt compute."""
-    from sqlrl.model.generate import shared_prefix_generate
-
-    own_generate = model.generate
-
-    def generate(input_ids=None, attention_mask=None, generation_config=None, **kwargs):
-        if input_ids is None or attention_mask is None:
-            return own_generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                generation_config=generation_config,
-                **kwargs,
-            )
-        return shared_prefix_generate(
-            model, input_ids, attention_mask, generation_config, generate=own_generate, **kwargs
-        )
-
-    model.generate = generate
 
 
 def _cuda() -> bool:
@@ -296,7 +251,6 @@ def train_grpo(
         live, callback = dvclive_callback(dvclive_dir, resume_from)
         callbacks.append(callback)
     args = grpo_config(params, seed, str(checkpoint_dir), world_size())
-    score_completions_only_on_cpu()
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[timer.wrap_reward(f) for f in reward_funcs],
@@ -307,15 +261,14 @@ def train_grpo(
         callbacks=callbacks,
     )
     reseed_after_vllm_engine(trainer, seed)
-    if not args.use_vllm:
-        share_prompt_prefill(trainer.model)
-    if hasattr(trainer, "_generate_and_score_completions"):
-        trainer._generate_and_score_completions = timer.wrap_rollout(
-            trainer._generate_and_score_completions
-        )
-    start = time.perf_counter()
-    trainer.train(resume_from_checkpoint=resume_from)
-    wall = time.perf_counter() - start
+    with contextlib.ExitStack() as patched:  # sqlrl/patches.py: what each one does and why
+        patched.enter_context(timed_rollouts(trainer, timer.add_rollout))
+        patched.enter_context(completion_logits_only_on_cpu())
+        if not args.use_vllm:
+            patched.enter_context(shared_prompt_prefill(trainer.model))
+        start = time.perf_counter()
+        trainer.train(resume_from_checkpoint=resume_from)
+        wall = time.perf_counter() - start
 
     def save(folder: Path) -> None:
         trainer.save_model(str(folder))  # every process takes part (sharded models)
