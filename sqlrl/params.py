@@ -468,8 +468,35 @@ def compose_params(
     return OmegaConf.to_container(cfg, resolve=True)
 
 
-if __name__ == "__main__":
-    # python -m sqlrl.params [PROFILE] > params.yaml : recompose params.yaml by hand
+def main(argv: list[str] | None = None) -> int:
+    """python -m sqlrl.params [PROFILE] [KEY=VALUE ...] > params.yaml"""
+    import argparse
     import sys
 
-    sys.stdout.write(composed_yaml(sys.argv[1] if len(sys.argv) > 1 else None))
+    parser = argparse.ArgumentParser(
+        prog="python -m sqlrl.params",
+        description="Print the params.yaml that a profile composes to, as `dvc exp run -S "
+        "profile=...` writes it (conf/config.yaml + conf/profile/PROFILE.yaml + overrides).",
+        epilog="python -m sqlrl.params > params.yaml recomposes the committed default.",
+    )
+    profiles = sorted(p.stem for p in Path("conf/profile").glob("*.yaml"))
+    parser.add_argument(
+        "profile", nargs="?", help=f"a profile ({', '.join(profiles) or 'conf/profile/*.yaml'})"
+    )
+    parser.add_argument("overrides", nargs="*", help="KEY=VALUE, as dvc exp run -S takes them")
+    args = parser.parse_args(argv)
+    if args.profile and profiles and args.profile not in profiles:
+        parser.error(f"no profile {args.profile!r}: one of {', '.join(profiles)}")
+    text = composed_yaml(args.profile, args.overrides)
+    params_from_dict(yaml.safe_load(text))  # what a stage would refuse is refused here
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    try:
+        sys.exit(main())
+    except ParamsError as exc:
+        sys.exit(f"error: {exc}")

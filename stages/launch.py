@@ -31,9 +31,11 @@ def main(module: str, argv: list[str]) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) < 2 or sys.argv[1] not in TRAINING_STAGES:
+        asked = sys.argv[1:2] in (["-h"], ["--help"])
         print(
-            f"usage: python -m stages.launch {{{','.join(TRAINING_STAGES)}}} ARGS...",
-            file=sys.stderr,
+            f"usage: python -m stages.launch {{{','.join(TRAINING_STAGES)}}} ARGS...\n"
+            f"(python -m {TRAINING_STAGES[0]} --help lists a stage's ARGS)",
+            file=sys.stdout if asked else sys.stderr,
         )
-        sys.exit(2)
+        sys.exit(0 if asked else 2)
     sys.exit(run_stage(sys.argv[1].split(".")[-1], main, sys.argv[1], sys.argv[2:]))

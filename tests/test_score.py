@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from sqlrl.eval.score import main, read_gold, score_predictions
-from tests.repo_tools import REPO_ROOT
+from tests.repo_tools import REPO_ROOT, SPIDER_DIR
 
 
 @pytest.fixture(scope="module")
@@ -337,3 +337,34 @@ def test_a_limit_that_is_not_a_finite_positive_number_is_refused(value, capsys):
         )
     assert exit_.value.code == 2
     assert "--timeout" in capsys.readouterr().err
+
+
+def test_the_pipelines_own_predictions_are_scored_as_the_evaluate_stage_scored_them(tmp_path):
+    """data/predictions/final.jsonl is read directly (gold inside, null preds, SQL with
+    newlines): the committed predictions give the committed metrics/eval_final.json's dev EX
+    and EM, with no converter."""
+    metrics = json.loads((REPO_ROOT / "metrics" / "eval_final.json").read_text())["dev"]
+    out = tmp_path / "report.json"
+    predictions = REPO_ROOT / "data" / "predictions" / "final.jsonl"
+    argv = ["--pred", str(predictions), "--spider", str(SPIDER_DIR), "--out", str(out)]
+    assert main([*argv, "--no-progress"]) == 0
+    report = json.loads(out.read_text())
+    assert (report["n"], report["skipped"]) == (metrics["n"], metrics["skipped"])
+    assert report["ex"] == pytest.approx(metrics["ex"], abs=5e-7)
+    assert report["em"] == pytest.approx(metrics["em"], abs=5e-7)
+
+
+def test_a_predictions_jsonl_with_a_gold_file_or_without_databases_is_refused(tmp_path, capsys):
+    predictions = tmp_path / "p.jsonl"
+    predictions.write_text(json.dumps({"gold": "SELECT 1", "db_id": "x", "pred": None}) + "\n")
+    gold = tmp_path / "gold.sql"
+    gold.write_text("SELECT 1\tx\n")
+    with pytest.raises(SystemExit):
+        main(["--pred", str(predictions), "--gold", str(gold), "--spider", "s"])
+    assert "its rows hold the gold, drop --gold" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--pred", str(predictions)])
+    assert "give --spider DIR, or both --db and --table" in capsys.readouterr().err
+    predictions.write_text(json.dumps({"gold": "SELECT 1", "pred": None}) + "\n")
+    assert main(["--pred", str(predictions), "--spider", str(SPIDER_DIR)]) == 2
+    assert f"{predictions}:1: no db_id" in capsys.readouterr().err

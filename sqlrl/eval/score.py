@@ -1,11 +1,15 @@
 """Score predictions against Spider gold: execution accuracy, exact match, hardness, verdicts.
 
-A drop-in for the official evaluator's interface:
+A drop-in for the official evaluator's interface, and a reader of the pipeline's own
+predictions:
 
     python -m sqlrl.eval.score --gold dev_gold.sql --pred pred.sql --db database/ \\
         --table tables.json --out report.json
+    python -m sqlrl.eval.score --pred data/predictions/final.jsonl --spider data/raw/spider
 
-GOLD holds `SQL<TAB>db_id` per line, PRED one SQL per line (same count). EX uses the shared
+GOLD holds `SQL<TAB>db_id` per line, PRED one SQL per line (same count); or PRED is a JSONL
+file of rows holding `gold`, `db_id` and `pred` (the evaluate stage's data/predictions/*.jsonl;
+a null `pred`, no SQL found, scores as an empty prediction), and needs no GOLD. EX uses the shared
 executor and equality (sqlrl.sql.equality); EM and hardness come from sqlrl.eval.spider_eval.
 An item whose database file is absent is "skipped": ex and em are null, and it is left out of
 `n` and of the EX/EM fractions, but counted in `skipped`; `ex_all` is EX over every item with the
@@ -189,6 +193,29 @@ def read_preds(path) -> list[str]:
     return [line.strip() for line in _lines(path)]
 
 
+PREDICTION_KEYS = ("gold", "db_id", "pred")  # a row of data/predictions/*.jsonl
+
+
+def is_jsonl(path) -> bool:
+    """A JSONL predictions file: named *.jsonl, or its first non-blank line is a JSON object."""
+    if str(path).endswith(".jsonl"):
+        return True
+    first = next((line for line in _lines(path) if line.strip()), "")
+    return first.lstrip().startswith("{")
+
+
+def read_prediction_rows(path) -> tuple[list[tuple[str, str]], list[str]]:
+    """(gold [(SQL, db_id)], predictions) from the pipeline's predictions JSONL."""
+    from sqlrl.errors import PipelineError
+    from sqlrl.jsonio import read_jsonl
+
+    try:
+        rows = read_jsonl(path, PREDICTION_KEYS)
+    except PipelineError as exc:
+        raise ScoreInputError(str(exc)) from None
+    return [(r["gold"], r["db_id"]) for r in rows], [r["pred"] or "" for r in rows]
+
+
 def _lines(path) -> list[str]:
     """The lines of a UTF-8 file, split at "\n" only: str.splitlines also splits at U+2028,
     U+0085, form feeds and more, which can sit inside one SQL line and would silently shift
@@ -220,13 +247,23 @@ def _seconds(text: str) -> float:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m sqlrl.eval.score", description=__doc__.split("\n")[0]
+        prog="python -m sqlrl.eval.score",
+        description=__doc__.split("\n")[0],
+        epilog="Formats: the official evaluator's (--gold + --pred, one SQL a line) or the "
+        "pipeline's predictions JSONL (--pred data/predictions/NAME.jsonl, gold inside).",
     )
-    parser.add_argument("--gold", required=True, help="SQL<TAB>db_id per line (dev_gold.sql)")
-    parser.add_argument("--pred", required=True, help="one predicted SQL per line")
-    parser.add_argument("--db", required=True, help="the database/ folder of the Spider release")
-    parser.add_argument("--table", required=True, help="tables.json")
-    parser.add_argument("--out", required=True, help="where to write the JSON report")
+    parser.add_argument(
+        "--pred",
+        required=True,
+        help="one predicted SQL per line, or a predictions JSONL (rows with gold, db_id, pred)",
+    )
+    parser.add_argument("--gold", help="SQL<TAB>db_id per line (dev_gold.sql); not with JSONL")
+    parser.add_argument("--spider", help="a Spider release folder: its database/ and tables.json")
+    parser.add_argument(
+        "--db", help="the folder of <db_id>/<db_id>.sqlite (default SPIDER/database)"
+    )
+    parser.add_argument("--table", help="tables.json (default SPIDER/tables.json)")
+    parser.add_argument("--out", help="where to write the JSON report (default: only the summary)")
     parser.add_argument("--workers", type=int, default=None, help="parallel processes")
     parser.add_argument(
         "--timeout", type=_seconds, default=EVAL_TIMEOUT_S, help="seconds per query (finite, > 0)"
@@ -240,24 +277,43 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    try:
-        gold = read_gold(args.gold)
+def _inputs(args, parser) -> tuple[list[tuple[str, str]], list[str], str, str]:
+    """(gold, predictions, database folder, tables.json) from the command line."""
+    db = args.db or (args.spider and str(Path(args.spider) / "database"))
+    table = args.table or (args.spider and str(Path(args.spider) / "tables.json"))
+    if not (db and table):
+        parser.error("give --spider DIR, or both --db and --table")
+    if args.gold:
+        gold = read_gold(args.gold)  # named first when both files are unreadable
+        if is_jsonl(args.pred):
+            parser.error(f"{args.pred} is a predictions JSONL: its rows hold the gold, drop --gold")
         preds = read_preds(args.pred)
-        # a file that ends in blank lines has no predictions there: drop them before counting
-        while len(preds) > len(gold) and preds and not preds[-1]:
-            preds.pop()
-        if len(gold) != len(preds):
-            raise ScoreInputError(
-                f"{args.gold} has {len(gold)} gold items but {args.pred} has "
-                f"{len(preds)} predictions; they must match line for line"
-            )
+    elif is_jsonl(args.pred):
+        gold, preds = read_prediction_rows(args.pred)
+        return gold, preds, db, table
+    else:
+        parser.error("--gold is needed with one SQL a line (or give a predictions JSONL)")
+    # a file that ends in blank lines has no predictions there: drop them before counting
+    while len(preds) > len(gold) and preds and not preds[-1]:
+        preds.pop()
+    if len(gold) != len(preds):
+        raise ScoreInputError(
+            f"{args.gold} has {len(gold)} gold items but {args.pred} has "
+            f"{len(preds)} predictions; they must match line for line"
+        )
+    return gold, preds, db, table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        gold, preds, db, table = _inputs(args, parser)
         report = score_predictions(
             gold,
             preds,
-            args.db,
-            args.table,
+            db,
+            table,
             args.workers,
             ExecLimits(timeout_s=args.timeout),
             args.keep_distinct,
@@ -266,18 +322,20 @@ def main(argv: list[str] | None = None) -> int:
     except (ScoreInputError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    try:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    except OSError as exc:
-        print(
-            f"error: cannot write the report to {args.out}: {exc.strerror or exc}", file=sys.stderr
-        )
-        return 2
+    if args.out:
+        try:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+        except OSError as exc:
+            print(
+                f"error: cannot write the report to {args.out}: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return 2
     print(
         f"EX {_percent(report['ex'])}  EM {_percent(report['em'])}  n={report['n']} "
         f"skipped={report['skipped']}  EX with skipped as wrong {_percent(report['ex_all'])}"
-        f"  errors={report['errors']}  -> {args.out}"
+        f"  errors={report['errors']}" + (f"  -> {args.out}" if args.out else "")
     )
     return 0
 
