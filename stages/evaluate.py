@@ -3,6 +3,7 @@ prediction files.
 
 With --baseline NAME DEV HELDOUT (another model's prediction files), the metrics also get
 `vs_<NAME>`: the paired bootstrap 95% interval of the EX difference against it, per split.
+--headline gets the few numbers DVC's default views show (sqlrl.eval.evaluate.headline).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizer is used before forks
 
 from sqlrl.eval.compare import compare_predictions  # noqa: E402
-from sqlrl.eval.evaluate import evaluate_model  # noqa: E402
+from sqlrl.eval.evaluate import evaluate_model, headline  # noqa: E402
 from sqlrl.hardware import set_torch_threads  # noqa: E402
 from sqlrl.jsonio import read_jsonl, write_json, write_jsonl  # noqa: E402
 from sqlrl.params import load_params  # noqa: E402
@@ -28,7 +29,8 @@ def arguments(parser) -> None:
     parser.add_argument("--spider", required=True, help="the Spider release")
     parser.add_argument("--predictions", required=True, help="dev predictions (JSONL)")
     parser.add_argument("--heldout-predictions", required=True)
-    parser.add_argument("--metrics", required=True)
+    parser.add_argument("--metrics", required=True, help="every metric (JSON)")
+    parser.add_argument("--headline", required=True, help="the few that DVC's views show (JSON)")
     parser.add_argument(
         "--baseline",
         nargs=3,
@@ -66,6 +68,7 @@ def main(args) -> int:
     write_jsonl(args.predictions, predictions["dev"])
     write_jsonl(args.heldout_predictions, predictions.get("heldout", []))
     write_json(args.metrics, metrics)
+    write_json(args.headline, headline(metrics, args.baseline[0] if args.baseline else None))
     print(_summary(name, metrics))
     return 0
 

@@ -171,3 +171,26 @@ def test_no_stage_depends_on_the_code_of_a_stage_after_it():
                 f"stage {ancestor} runs before {stage} but depends on {module}"
             )
     assert _ancestors(stages)["grpo"] >= {"grpo_prompts", "sft"}  # the DAG was read
+
+
+def test_dvcs_default_metrics_view_reads_cleanly_in_one_screen():
+    """`dvc metrics show` on the committed metrics: no "failed to load" warning (DVC reads a
+    key named `error` as a failure) and a table that fits 120 columns (the detail is in each
+    stage's own file, shown with --targets)."""
+    import subprocess
+
+    done = subprocess.run(
+        ["dvc", "metrics", "show"], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    output = done.stdout + done.stderr
+    assert "failed to load" not in output and "headline_final.json" in output
+    assert max(len(line) for line in output.splitlines()) <= 120, output
+    detail = subprocess.run(
+        ["dvc", "metrics", "show", "metrics/eval_final.json", "metrics/sft.json"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert "failed to load" not in detail.stdout + detail.stderr
+    assert "dev.by_hardness.easy.ex" in detail.stdout and "final_loss" in detail.stdout

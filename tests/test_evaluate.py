@@ -123,7 +123,7 @@ def test_evaluate_split_end_to_end_with_known_answers(dev_rows, spider_dir):
             assert by[level]["n"] == len(mine)
             assert by[level]["ex"] == pytest.approx(sum(p["ex"] for p in mine) / len(mine))
             assert by[level]["em"] == pytest.approx(sum(p["em"] for p in mine) / len(mine))
-    assert sum(metrics["errors"].values()) >= 2
+    assert sum(metrics["failures"].values()) >= 2
 
 
 def test_ex_all_counts_skipped_questions_as_wrong(dev_rows, prepared_dir, spider_dir, tmp_path):
@@ -306,12 +306,15 @@ def test_stage_writes_metrics_and_predictions_with_a_tiny_model(
         argv += ["--predictions", str(out / f"{model}.jsonl")]
         argv += ["--heldout-predictions", str(out / f"{model}_heldout.jsonl")]
         argv += ["--metrics", str(tmp_path / "metrics" / f"eval_{model}.json")]
+        argv += ["--headline", str(tmp_path / "metrics" / f"headline_{model}.json")]
         argv += ["--params", str(tmp_path / "params.yaml")]
         return stage.main(parse_stage_args("evaluate", stage.arguments, argv=argv))
 
     assert run("tiny") == 0
     metrics = read_json(tmp_path / "metrics" / "eval_tiny.json")
     assert set(metrics) == {"dev", "generation"}  # held-out has no rows: no "heldout"
+    headline = read_json(tmp_path / "metrics" / "headline_tiny.json")
+    assert headline == {"dev": {"ex": metrics["dev"]["ex"], "em": metrics["dev"]["em"]}}
     scored = metrics["dev"]
     assert (scored["n"], scored["skipped"]) == (3, 1)
     assert 0.0 <= scored["ex"] <= 1.0 and scored["examples_per_second"] > 0

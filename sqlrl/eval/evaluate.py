@@ -21,11 +21,14 @@
 Metrics per split: ex, em, ex_all (EX over every question, the skipped ones counted as wrong:
 correct / (n + skipped), the denominator of published Spider numbers), ex_nontrivial (EX
 without the n_trivial_gold questions whose gold result is empty or only 0/NULL, which wrong
-queries match easily), n (scored), skipped, by_hardness (each level with ex_all too), errors,
+queries match easily), n (scored), skipped, by_hardness (each level with ex_all too),
+failures (sql_error, timeout: predictions that did not run; not "error", a key DVC reads as a
+failed metrics file),
 executable (share of scored predictions that ran without error), generation_seconds,
 examples_per_second, repaired (with schema repair). Each split's metrics are under its name
 ({"dev": {...}, "heldout": {...}}; a split other than dev without rows is left out), next to
-"generation" (the decoding settings used).
+"generation" (the decoding settings used). `headline` picks the few numbers DVC's default
+views show.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ from sqlrl.jsonio import read_jsonl
 from sqlrl.sql.judge import default_workers
 
 PRIMARY_SPLIT = "dev"
+# failures in the metrics: the scorer's verdict names, but no key `error` (DVC reads one as a
+# metrics file it failed to load)
+FAILURE_KINDS = {"sql_error": "error", "timeout": "timeout"}
 EVAL_ROW_KEYS = ("question", "gold", "db_id", "prompt")  # what prepare writes for a split
 
 
@@ -188,7 +194,7 @@ def evaluate_split(
         "n_trivial_gold": report.get("n_trivial_gold", 0),
         "skipped": len(predictions) - n,
         "by_hardness": report["by_hardness"],
-        "errors": report["errors"],
+        "failures": {k: report["errors"].get(v, 0) for k, v in FAILURE_KINDS.items()},
         "gold_failed": report.get("gold_failed", 0),
         "executable": round(sum(p["status"] == "ok" for p in scored) / n, 4) if n else None,
         "generation_seconds": round(seconds, 3),
@@ -279,3 +285,21 @@ def evaluate_model(
 
         metrics["generation"] = decoding_summary(generator, params.temperature, params.num_samples)
     return metrics, predictions
+
+
+HEADLINE_KEYS = ("ex", "em")  # per split, in `dvc metrics show` / `diff`
+
+
+def headline(metrics: dict, baseline: str | None = None) -> dict:
+    """The numbers a reviewer compares first, small enough for `dvc metrics show` to print in
+    one screen: EX and EM per split and, against the previous model, the EX gain per split.
+    The rest stays in the detailed metrics file next to it."""
+    out = {
+        split: {k: metrics[split][k] for k in HEADLINE_KEYS}
+        for split in ("dev", "heldout")
+        if split in metrics
+    }
+    compared = metrics.get(f"vs_{baseline}") if baseline else None
+    if compared:
+        out["gain"] = {split: result["diff"] for split, result in compared.items()}
+    return out
