@@ -86,3 +86,29 @@ def test_unknown_baseline_is_a_clear_error(repo):
 def test_flips_refuse_files_with_different_questions():
     with pytest.raises(ValueError, match="dev set changed"):
         flipped_questions([_pred("a", 1, "x")], [_pred("b", 1, "x")])
+
+
+def test_curves_are_drawn_over_optimizer_steps_not_log_numbers():
+    """DVCLive numbers an SFT curve logged every 50 steps 0, 1, 2, ...: the plot's x axis is
+    the optimizer step, from the epoch at each log and the stage's steps per epoch."""
+    from sqlrl.eval.report import optimizer_steps
+
+    files = {
+        "dvclive/sft/plots/metrics/epoch.tsv": "step\tepoch\n0\t0.0005\n1\t0.05\n2\t0.1\n3\t0.15\n",
+        "metrics/sft.json": json.dumps({"steps": 2000, "epochs": 2.0}),
+    }
+    steps = optimizer_steps(
+        "dvclive/sft/plots/metrics/loss.tsv", [0.0, 1.0, 2.0], "metrics/sft.json", files.get
+    )
+    assert steps == [0, 50, 100]
+    assert (
+        optimizer_steps("dvclive/sft/plots/metrics/loss.tsv", [9.0], "metrics/sft.json", files.get)
+        is None
+    )
+
+
+def test_a_noisy_reward_is_smoothed_by_a_trailing_mean():
+    from sqlrl.eval.report import smoothed
+
+    assert smoothed([0.0, 1.0, 0.0, 1.0, 0.0, 1.0], 2) == [0.0, 0.5, 0.5, 0.5, 0.5, 0.5]
+    assert smoothed([0.2, 0.4], 5) == pytest.approx([0.2, 0.3])

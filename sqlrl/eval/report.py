@@ -5,8 +5,9 @@
 - `dvc params diff` and `dvc metrics diff` as tables;
 - EX/EM per evaluated model and per hardness, with deltas;
 - the dev questions whose verdict flipped (from data/predictions/, both predictions shown);
-- plots rendered to PNG with matplotlib (loss and reward curves, EX by hardness per stage),
-  because the HTML of `dvc plots show` needs a CDN and does not render offline.
+- plots rendered to PNG with matplotlib, because the HTML of `dvc plots show` needs a CDN and
+  does not render offline: loss and reward over optimizer steps (raw and smoothed, both
+  revisions), EX by hardness per model beside the baseline's.
 The workspace is the "new" side; the baseline is any git revision.
 """
 
@@ -29,6 +30,7 @@ CURVES = {  # title -> (dvclive plots file, relative to the repo root)
     "GRPO reward": "dvclive/grpo/plots/metrics/reward.tsv",
     "GRPO loss": "dvclive/grpo/plots/metrics/loss.tsv",
 }
+CURVE_METRICS = {"sft": "metrics/sft.json", "grpo": "metrics/grpo.json"}  # dvclive/<stage>/...
 MAX_FLIPS = 30
 
 
@@ -183,29 +185,79 @@ def _read_curve(text: str | None) -> tuple[list[float], list[float]]:
     return [float(r["step"]) for r in rows], [float(r[value_key]) for r in rows]
 
 
+def optimizer_steps(
+    curve_path: str, points: list[float], metrics_path: str, text_of
+) -> list[float] | None:
+    """The optimizer step of each of a DVCLive curve's `points` (its step column). DVCLive
+    numbers points by log (0, 1, 2, ...), so a curve logged every 50 steps would show 47
+    points over 0-46; the trainer's epoch at that log (epoch.tsv beside it), times the stage's
+    steps per epoch (its metrics file; GRPO, which logs every step, reaches its last step at
+    its last log), gives the step itself. None when a file or a point's epoch is missing."""
+    log_steps, epochs = _read_curve(text_of(str(Path(curve_path).with_name("epoch.tsv"))))
+    metrics = _json_or_none(text_of(metrics_path))
+    if not epochs or not metrics or not metrics.get("steps"):
+        return None
+    epoch_at = dict(zip(log_steps, epochs, strict=True))
+    if not all(point in epoch_at for point in points):
+        return None
+    per_epoch = metrics["steps"] / (metrics.get("epochs") or max(epochs))
+    return [round(epoch_at[point] * per_epoch) for point in points]
+
+
+def smoothed(values: list[float], window: int) -> list[float]:
+    """Trailing mean over `window` points: a reward curve of one batch per step is mostly
+    noise, and the trend is what a reviewer reads."""
+    out, total = [], 0.0
+    for i, value in enumerate(values):
+        total += value - (values[i - window] if i >= window else 0.0)
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def _curve(path: str, rev_text) -> tuple[list[float], list[float]]:
+    """A curve's (optimizer steps, values) as one revision holds it."""
+    steps, values = _read_curve(rev_text(path))
+    metrics_path = CURVE_METRICS.get(path.split("/")[1])
+    real = optimizer_steps(path, steps, metrics_path, rev_text) if metrics_path else None
+    return real or steps, values
+
+
 def render_plots(
-    out_dir: Path, baseline: str, new_evals: dict, root: str | Path = "."
+    out_dir: Path, baseline: str, new_evals: dict, root: str | Path = ".", old_evals=None
 ) -> list[str]:
-    """PNG files for the report; returns their names (only the plots that have data)."""
+    """PNG files for the report; returns their names (only the plots that have data).
+    Curves: this revision and the baseline over optimizer steps, each a faint raw line under a
+    smoothed one; EX by hardness: each model's bars beside the baseline's."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = []
+    revisions = {
+        "this revision": lambda path: workspace_text(path, root),
+        baseline: lambda path: git_show(baseline, path, root),
+    }
     for title, path in CURVES.items():
-        new, old = (
-            _read_curve(workspace_text(path, root)),
-            _read_curve(git_show(baseline, path, root)),
-        )
-        if not new[0] and not old[0]:
+        curves = {label: _curve(path, text_of) for label, text_of in revisions.items()}
+        if not any(steps for steps, _ in curves.values()):
             continue
         fig, ax = plt.subplots(figsize=(6, 3.5))
-        if old[0]:
-            ax.plot(*old, label=baseline, alpha=0.6)
-        if new[0]:
-            ax.plot(*new, label="this revision")
-        ax.set(title=title, xlabel="step")
+        for (label, (steps, values)), color in zip(curves.items(), ("C0", "C1"), strict=False):
+            if not steps:
+                continue
+            window = len(values) // 20 if len(values) >= 60 else 1  # a few points: as they are
+            ax.plot(steps, values, color=color, alpha=0.25 if window > 1 else 1.0, linewidth=0.8)
+            if window > 1:
+                ax.plot(
+                    steps,
+                    smoothed(values, window),
+                    color=color,
+                    label=f"{label} (mean of {window})",
+                )
+            else:
+                ax.lines[-1].set_label(label)
+        ax.set(title=title, xlabel="optimizer step")
         ax.legend()
         name = title.lower().replace(" ", "_") + ".png"
         fig.tight_layout()
@@ -214,19 +266,35 @@ def render_plots(
         names.append(name)
     stages = [s for s in MODELS if new_evals.get(s)]
     if stages:
-        fig, ax = plt.subplots(figsize=(6, 3.5))
-        width = 0.8 / len(stages)
+        fig, ax = plt.subplots(figsize=(7, 3.8))
+        width = 0.8 / (2 * len(stages))
         for k, stage in enumerate(stages):
-            by = by_split(new_evals[stage])["dev"].get("by_hardness", {})
-            ax.bar(
-                [i + k * width for i in range(len(HARDNESS))],
-                [by.get(h, {}).get("ex") or 0 for h in HARDNESS],
-                width,
-                label=stage,
-            )
-        ax.set_xticks([i + width * (len(stages) - 1) / 2 for i in range(len(HARDNESS))], HARDNESS)
-        ax.set(title="Dev EX by hardness (this revision)", ylabel="EX", ylim=(0, 1))
-        ax.legend()
+            for j, (evals, label, style) in enumerate(
+                (
+                    (
+                        (old_evals or {}).get(stage),
+                        f"{MODELS[stage]} ({baseline})",
+                        dict(alpha=0.35),
+                    ),
+                    (new_evals[stage], MODELS[stage], {}),
+                )
+            ):
+                by = (by_split(evals) or {}).get("dev", {}).get("by_hardness", {})
+                if not by:
+                    continue
+                ax.bar(
+                    [i + (2 * k + j) * width for i in range(len(HARDNESS))],
+                    [by.get(h, {}).get("ex") or 0 for h in HARDNESS],
+                    width,
+                    label=label,
+                    color=f"C{k}",
+                    **style,
+                )
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(HARDNESS))], HARDNESS)
+        top = max([b.get_height() for b in ax.patches] + [0.05])
+        ax.set(title=f"Dev EX by hardness: this revision vs {baseline} (faint)", ylabel="EX")
+        ax.set_ylim(0, min(1.0, top * 1.3))
+        ax.legend(fontsize=7, ncol=2)
         fig.tight_layout()
         fig.savefig(out_dir / "ex_by_hardness.png", dpi=100)
         plt.close(fig)
@@ -268,7 +336,7 @@ def build_report(baseline: str, out_dir: Path, root: str | Path = ".") -> Path:
         )
         if new_rows and old_rows:
             parts.append(flips_section(stage, flipped_questions(old_rows, new_rows), baseline))
-    plots = render_plots(out_dir, baseline, new_evals, root)
+    plots = render_plots(out_dir, baseline, new_evals, root, old_evals)
     if plots:
         parts.append("## Plots\n")
         parts += [f"![{name}]({name})\n" for name in plots]
