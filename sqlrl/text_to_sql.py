@@ -72,6 +72,15 @@ def finish_answer(
     )
 
 
+def default_spider_dir() -> Path:
+    """data/raw/spider of the working directory when there is one, else of the checkout this
+    package runs from: `TextToSQL(...)` finds the pulled Spider from any folder."""
+    here = Path("data/raw/spider")
+    if (here / "tables.json").is_file():
+        return here
+    return Path(__file__).resolve().parent.parent / "data" / "raw" / "spider"
+
+
 class TextToSQL:
     """Question + (a Spider `db`, a `schema` string or `ddl`) -> SQL, with a trained model."""
 
@@ -79,7 +88,7 @@ class TextToSQL:
         self,
         model_dir: str | Path,
         *,
-        spider_dir: str | Path = "data/raw/spider",  # for db=...; relative to the cwd
+        spider_dir: str | Path | None = None,  # for db=...; default: default_spider_dir()
         max_new_tokens: int = 128,
         exec_timeout_s: float = 30.0,
         use_vllm: bool = False,
@@ -91,7 +100,7 @@ class TextToSQL:
         from sqlrl.sql.executor import ExecLimits, SQLExecutor
 
         self.settings = PromptSettings.for_model(model_dir, **prompt_overrides)
-        self.prompts = PromptBuilder(self.settings, spider_dir)
+        self.prompts = PromptBuilder(self.settings, spider_dir or default_spider_dir(), local=True)
         self.generator, self.tokenizer = make_generator(
             model_dir,
             use_vllm=use_vllm,
@@ -101,6 +110,10 @@ class TextToSQL:
             progress=False,
         )
         self.executor = SQLExecutor(ExecLimits(timeout_s=exec_timeout_s))
+
+    def databases(self) -> list[str]:
+        """The Spider databases `db=` can name (the Spider folder's tables.json)."""
+        return sorted(self.prompts.schemas)
 
     def __call__(
         self,

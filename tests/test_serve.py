@@ -300,8 +300,25 @@ def test_python_api_answers_as_the_server_does(client, trained):
     assert t(PAIRS[0][0], ddl=CONCERT_DDL) == COUNT_SQL
     with pytest.raises(ValueError, match="exactly one of db, schema or ddl"):
         t(PAIRS[0][0], db="concert_singer", ddl=CONCERT_DDL)
-    with pytest.raises(ValueError, match="unknown db_id 'nope'"):
+    with pytest.raises(ValueError, match="unknown db_id 'nope'") as refused:
         t(PAIRS[0][0], db="nope")
+    assert "server" not in str(refused.value) and "databases()" in str(refused.value)
+    assert "concert_singer" in t.databases()
+
+
+def test_python_api_finds_the_pulled_spider_from_any_folder(trained, tmp_path, monkeypatch):
+    """Run from another folder, `TextToSQL(model)` still reads this checkout's Spider; a
+    broken Spider folder is named with what is wrong (no server, no log to point at)."""
+    from sqlrl.text_to_sql import TextToSQL
+
+    monkeypatch.chdir(tmp_path)
+    t = TextToSQL(trained, max_new_tokens=24)
+    assert t(PAIRS[0][0], db="concert_singer") == PAIRS[0][1]
+    (tmp_path / "tables.json").write_text("{")
+    broken = TextToSQL(trained, spider_dir=tmp_path, max_new_tokens=24)
+    with pytest.raises(ValueError, match=str(tmp_path)) as refused:
+        broken(PAIRS[0][0], db="concert_singer")
+    assert "server" not in str(refused.value)
 
 
 def test_health_models_and_databases(client, trained):
@@ -1395,3 +1412,18 @@ def test_an_api_key_guards_every_route_but_a_minimal_health(trained, tokenizer, 
     monkeypatch.setenv("SQLRL_API_KEY", "from-env")
     assert config_from_env().api_key == "from-env"
     assert "from-env" not in build_parser().format_help()  # --help does not print it
+
+
+def test_every_serve_flag_is_described_with_its_environment_variable():
+    """`serve --help` says what each flag does (not its own name again) and which SQLRL_*
+    variable sets it."""
+    from sqlrl.serve.cli import build_parser
+
+    for action in build_parser()._actions:
+        if not action.option_strings or action.dest == "help":
+            continue
+        flag = action.option_strings[0]
+        words = flag.lstrip("-").replace("-", " ")
+        assert action.help and action.help.split(" [")[0] != words, flag
+        if action.dest != "log_level":
+            assert f"[SQLRL_{action.dest.upper()}]" in action.help, flag

@@ -49,6 +49,18 @@ _HELP = {
     "body_timeout_s": "the request body must arrive within it (408 beyond)",
     "api_key": "require `Authorization: Bearer KEY` on every route but /health (401 "
     "without); prefer SQLRL_API_KEY, a flag shows in the process list",
+    "torch_threads": "CPU threads for torch (0: the cores this process may use)",
+    "max_question_chars": "question length limit (413 beyond)",
+    "max_schema_chars": "schema_str length limit (413 beyond)",
+    "max_new_tokens": "tokens generated per answer when a request does not say",
+    "max_new_tokens_limit": "the most tokens a request may ask for (422 beyond)",
+    "max_num_samples": "the most samples a request may vote over (num_samples; 422 beyond)",
+    "max_temperature": "the highest temperature a request may ask for (422 beyond)",
+    "sample_temperature": "temperature of num_samples > 1 when a request gives none",
+    "seed": "sampling seed when a request gives none",
+    "exec_timeout_s": "time limit of one read-only execution of an answer (execute: true)",
+    "max_rows": "rows an executed answer returns at most (a request may ask fewer)",
+    "warmup": "one short generation at start-up, so the first request is not the slow one",
 }
 
 
@@ -85,21 +97,35 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m sqlrl.serve",
         description="Serve a text-to-SQL model over HTTP.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog=f"Every flag is also an environment variable: {ENV_PREFIX}<FLAG> in capitals "
+        f"with _ for - (shown with each flag); a flag wins over its variable.",
     )
-    parser.add_argument("--host", default=os.environ.get("SQLRL_HOST", "127.0.0.1"))
-    parser.add_argument("--port", type=int, default=int(os.environ.get("SQLRL_PORT", "8000")))
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument(
+        "--host",
+        default=os.environ.get("SQLRL_HOST", "127.0.0.1"),
+        help="the address to listen on (127.0.0.1: this machine only) [SQLRL_HOST]",
+    )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=int(os.environ.get("SQLRL_PORT", "8000")),
+        help="the port to listen on [SQLRL_PORT]",
+    )
+    parser.add_argument(
+        "--log-level", default="info", help="uvicorn's log level: debug, info, warning, error"
+    )
     parser.add_argument(
         "--timeout-keep-alive",
         type=int,
         default=int(os.environ.get("SQLRL_TIMEOUT_KEEP_ALIVE", "5")),
-        help="seconds an idle keep-alive connection is kept open",
+        help="seconds an idle keep-alive connection is kept open [SQLRL_TIMEOUT_KEEP_ALIVE]",
     )
     parser.add_argument(
         "--limit-concurrency",
         type=int,
         default=int(os.environ.get("SQLRL_LIMIT_CONCURRENCY", "0")),
-        help="connections at most; beyond it uvicorn answers 503 (0: no limit)",
+        help="connections at most; beyond it uvicorn answers 503 (0: no limit) "
+        "[SQLRL_LIMIT_CONCURRENCY]",
     )
     env = config_from_env()
     for f in fields(ServeConfig):
@@ -109,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
             dest=f.name,
             type=_converter(_type(f)),
             default=None if secret else getattr(env, f.name),
-            help=_HELP.get(f.name, f.name.replace("_", " ")),
+            help=f"{_HELP[f.name]} [{ENV_PREFIX}{f.name.upper()}]",
         )
     return parser
 

@@ -152,21 +152,42 @@ def schema_from_ddl(ddl: str, db_id: str = "ddl") -> Schema:
 class PromptBuilder:
     """Chat messages for a request, the way `sqlrl.data.prepare` made the training prompts."""
 
-    def __init__(self, settings: PromptSettings, spider_dir: str | Path | None):
+    def __init__(
+        self, settings: PromptSettings, spider_dir: str | Path | None, local: bool = False
+    ):
+        """local: errors are for the person who runs it (the Python API): they name the Spider
+        folder and what is wrong with it. Otherwise (the server) they name no path: a client
+        should not learn the server's files, and the detail goes to the server's log."""
         from sqlrl.data.spider import SpiderDataError, load_schemas
 
         self.settings = settings
         self.spider_dir = Path(spider_dir) if spider_dir else None
         self.schemas: dict[str, Schema] = {}
         self.spider_error = ""
+        owner = f"the Spider folder {self.spider_dir}" if local else "the server's Spider directory"
+        self.where = {
+            "tables": f"{owner}'s tables.json" if local else "the server's tables.json",
+            "list": "TextToSQL(...).databases() lists them"
+            if local
+            else "GET /databases lists them",
+            "files": owner,
+        }
         if self.spider_dir is None:
-            self.spider_error = "the server has no Spider directory configured"
+            self.spider_error = (
+                "no Spider folder was given"
+                if local
+                else ("the server has no Spider directory configured")
+            )
         else:
             try:
                 self.schemas = load_schemas(self.spider_dir / "tables.json")
             except SpiderDataError as exc:  # the detail names server paths: the log only
                 log.error("serve: the Spider directory is unusable: %s", exc)
-                self.spider_error = "the server's Spider directory is unusable (see its log)"
+                self.spider_error = (
+                    str(exc)
+                    if local
+                    else ("the server's Spider directory is unusable (see its log)")
+                )
         from sqlrl.data.prompts import PromptFactory
 
         self._factory = PromptFactory(settings, self.schemas, self.spider_dir)
@@ -187,15 +208,14 @@ class PromptBuilder:
             raise InputError(f"db_id {db_id!r} cannot be used: {self.spider_error}", 503)
         if db_id not in self.schemas:
             raise InputError(
-                f"unknown db_id {db_id!r}: not in the server's tables.json "
-                f"(GET /databases lists them)",
+                f"unknown db_id {db_id!r}: not in {self.where['tables']} ({self.where['list']})",
                 404,
             )
         path = self.db_path(db_id)
         if need_file and not path.is_file():
             raise InputError(
                 f"database {db_id!r} is in tables.json but its SQLite file is "
-                f"absent from the server's Spider directory",
+                f"absent from {self.where['files']}",
                 404,
             )
         return path
