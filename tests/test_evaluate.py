@@ -412,7 +412,8 @@ def test_voting_judges_candidates_under_the_scoring_time_limit(dev_rows, monkeyp
 
     monkeypatch.setattr(score, "EVAL_TIMEOUT_S", 0.2)
     slow = (
-        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 3000000) "
+        # tens of seconds of SQLite work on any CPU: far past the 0.2 s limit everywhere
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c WHERE x < 100000000) "
         "SELECT count(*) FROM c"
     )
     chosen, votes, _ = self_consistency([[slow, slow, "SELECT 7"]], [dev_rows[0]["db_path"]])

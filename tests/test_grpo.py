@@ -146,8 +146,10 @@ def test_reward_wiring_on_a_tiny_model(rows, tiny_sft, tmp_path, monkeypatch):
     known = {(r["db_path"], r["gold_sql"]) for r in rows[:4]}
     assert all(set(zip(paths, golds, strict=False)) <= known for _, paths, golds in seen)
     assert metrics["steps"] == 2 and metrics["logged_steps"] == 2
-    assert 0.0 <= metrics["final_mean_reward"] <= metrics["peak_reward"] <= 1.0
-    assert 0.0 <= metrics["mean_frac_reward_zero_std"] <= 1.0
+    # a random 400-token model never writes SQL that returns the gold result: every reward the
+    # trainer logged is 0, and so is every group's spread (a miswired reward would show here)
+    assert metrics["final_mean_reward"] == metrics["peak_reward"] == 0.0
+    assert metrics["mean_frac_reward_zero_std"] == 1.0
     assert metrics["seconds_per_step"]["reward"] > 0
     reward_curve = tmp_path / "dvclive" / "plots" / "metrics" / "reward.tsv"
     assert len(reward_curve.read_text().splitlines()) == 3  # header + one row per step

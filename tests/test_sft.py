@@ -88,8 +88,8 @@ def test_full_fine_tuning_writes_a_plain_model_metrics_and_curves(base_dir, monk
         dvclive_dir="dvclive/sft",
     )
     assert metrics["steps"] == 3 and metrics["epochs"] == 1.0
-    assert metrics["final_loss"] > 0 and metrics["tokens_per_second"] > 0
-    assert metrics["wall_seconds"] > 0
+    tokens, wall = metrics["train_tokens"], metrics["wall_seconds"]  # wall rounded to 0.1 s
+    assert tokens / (wall + 0.05) <= metrics["tokens_per_second"] <= tokens / (wall - 0.05)
     assert (metrics["bf16"], metrics["bf16_reason"]) == (False, "set in params")
     assert metrics["torch_threads"] == usable_cores()
     # not a terminal (pytest captures stderr): plain progress lines, the last one complete
@@ -112,8 +112,8 @@ def test_full_fine_tuning_writes_a_plain_model_metrics_and_curves(base_dir, monk
         ]
     # the curves dvc plots draws: every logged step (logging_steps 1 here), real values
     assert [step for step, _ in curves["loss"]] == [0, 1, 2]  # DVCLive counts from 0
-    assert all(value > 0 for _, value in curves["loss"] + curves["tokens_per_second"])
-    assert curves["loss"][-1][1] == pytest.approx(metrics["final_loss"])
+    assert all(value > 0 for _, value in curves["tokens_per_second"])
+    assert curves["loss"][-1][1] == pytest.approx(metrics["final_loss"]) < curves["loss"][0][1]
     assert not (base_dir / "dvc.yaml").exists()  # DVCLive must not write a dvc.yaml
     # seeded: the same run gives the same weights
     again = train_sft(

@@ -161,5 +161,4 @@ ODD = ["\x00", "\ud800", "\udcff", "\x00\ud800", "\x1b", "\ufeff", "\u2028"]
 def test_any_string_is_taken_without_raising(shape, odd):
     """NULs and lone surrogates (surrogateescape-decoded text) made complete_statement raise."""
     sql = extract_sql(shape.format(odd=odd))
-    assert isinstance(sql, str)
     assert "SELECT" in sql or not sql.strip("; " + odd)
