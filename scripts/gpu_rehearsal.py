@@ -1017,7 +1017,8 @@ def run_grpo_parts(params, model_dir: Path, bundle: Path, steps: int, tiny: bool
 
     from sqlrl.hardware import resolve_bf16
     from sqlrl.model.modeling import lora_config
-    from sqlrl.train.grpo import POLICY_DTYPE, load_policy, score_completions_only_on_cpu
+    from sqlrl.patches import completion_logits_only_on_cpu
+    from sqlrl.train.grpo import POLICY_DTYPE, load_policy
 
     grpo, changes = grpo_params(params, steps, tiny)
     batch, passes = grpo.per_process(1)
@@ -1037,7 +1038,6 @@ def run_grpo_parts(params, model_dir: Path, bundle: Path, steps: int, tiny: bool
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
     model.train()
-    score_completions_only_on_cpu()
     optimizer = torch.optim.AdamW(
         [p for p in model.parameters() if p.requires_grad], lr=grpo.learning_rate
     )
@@ -1049,24 +1049,25 @@ def run_grpo_parts(params, model_dir: Path, bundle: Path, steps: int, tiny: bool
     )
     completion = grpo.max_completion_length
     steps_timed, synced = [], 0
-    for _ in range(steps):
-        if steps_timed and budget.left() < 1.5 * sum(steps_timed[-1].values()):
-            break
-        times = {}
-        cuda_sync()
-        start = time.perf_counter()
-        synced = sync_weights(model)
-        cuda_sync()
-        times["sync"], start = time.perf_counter() - start, time.perf_counter()
-        old = logprob_pass(model, input_ids, mask, completion, batch, autocast)
-        cuda_sync()
-        times["logprob"], start = time.perf_counter() - start, time.perf_counter()
-        update_pass(
-            model, optimizer, (input_ids, mask, old, advantages), completion, batch, autocast
-        )
-        cuda_sync()
-        times["update"] = time.perf_counter() - start
-        steps_timed.append(times)
+    with completion_logits_only_on_cpu():  # as train_grpo runs TRL's head (sqlrl/patches.py)
+        for _ in range(steps):
+            if steps_timed and budget.left() < 1.5 * sum(steps_timed[-1].values()):
+                break
+            times = {}
+            cuda_sync()
+            start = time.perf_counter()
+            synced = sync_weights(model)
+            cuda_sync()
+            times["sync"], start = time.perf_counter() - start, time.perf_counter()
+            old = logprob_pass(model, input_ids, mask, completion, batch, autocast)
+            cuda_sync()
+            times["logprob"], start = time.perf_counter() - start, time.perf_counter()
+            update_pass(
+                model, optimizer, (input_ids, mask, old, advantages), completion, batch, autocast
+            )
+            cuda_sync()
+            times["update"] = time.perf_counter() - start
+            steps_timed.append(times)
     timed = steps_timed[1:] or steps_timed
     return {
         "steps": len(steps_timed),
