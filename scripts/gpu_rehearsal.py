@@ -1370,22 +1370,41 @@ def build_parser() -> argparse.ArgumentParser:
         help="model folders, emptied first (GBs at full size: never under the output folder)",
     )
     r.add_argument("--tiny", action="store_true", help="a 2-layer model on the CPU")
-    r.add_argument("--sft-steps", type=int, default=8, help="SFT steps on the longest rows")
-    r.add_argument("--sft-random-steps", type=int, default=10, help="SFT steps on random rows")
-    r.add_argument("--sft-warmup-steps", type=int, default=2, help="left out of tokens/s (>= 1)")
-    r.add_argument("--grpo-steps", type=int, default=3, help="GRPO trainer steps")
-    r.add_argument("--grpo-part-steps", type=int, default=3, help="sync/log-prob/update steps")
+    r.add_argument(
+        "--sft-steps", type=int, default=RunOptions.sft_steps, help="SFT steps on the longest rows"
+    )
+    r.add_argument(
+        "--sft-random-steps",
+        type=int,
+        default=RunOptions.sft_random_steps,
+        help="SFT steps on random rows",
+    )
+    r.add_argument(
+        "--sft-warmup-steps",
+        type=int,
+        default=RunOptions.sft_warmup_steps,
+        help="left out of tokens/s (>= 1)",
+    )
+    r.add_argument(
+        "--grpo-steps", type=int, default=RunOptions.grpo_steps, help="GRPO trainer steps"
+    )
+    r.add_argument(
+        "--grpo-part-steps",
+        type=int,
+        default=RunOptions.grpo_part_steps,
+        help="sync/log-prob/update steps",
+    )
     r.add_argument(
         "--budget-s",
         type=float,
-        default=360.0,
+        default=RunOptions.budget_s,
         help="wall clock for the phases: phases that would not fit are skipped, the run stops "
         "at the end of it",
     )
     r.add_argument(
         "--reference-gpu-gib",
         type=float,
-        default=REFERENCE_GPU_GIB,
+        default=RunOptions.reference_gpu_gib,
         help="the reference card's memory: a larger card is capped to it",
     )
     c = sub.add_parser("check", help="the version check and imports alone")
