@@ -1,21 +1,30 @@
-"""The one typed loader for params.yaml.
+"""The one typed loader and validator for params.yaml.
 
 params.yaml is composed by DVC's Hydra support from conf/ (conf/config.yaml + a `profile`).
-Every stage reads its section through these dataclasses, so a typo or a missing key fails at
-load time with the key's full name, not deep inside a training loop.
-The values live only in conf/; these classes hold names and types, not defaults.
+conf/config.yaml holds every setting's default and its one line of advice; these pydantic
+dataclasses hold only names, types and allowed ranges, checked by one validator when the
+params load, so a typo, a missing key or a value out of range fails at load time with the
+key's full name, not deep inside a training loop. A check that needs two settings at once
+is a `__post_init__` of the section that holds both.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import yaml
+from pydantic import (
+    ConfigDict,
+    Field,
+    PlainValidator,
+    StrictInt,
+    StrictStr,
+    TypeAdapter,
+    ValidationError,
+)
+from pydantic import StrictBool as Bool
+from pydantic.dataclasses import dataclass
 
 from sqlrl.errors import PipelineError
 
@@ -39,9 +48,25 @@ def parse_bool(raw: str) -> bool:
     raise ValueError(f"not a boolean: {raw!r}")
 
 
-def _check_bf16(name: str, value: bool | str) -> None:
-    if value not in (True, False, "auto"):
-        raise ParamsError(f"{name} must be true, false or auto, got {value!r}")
+def _bf16_setting(value: Any) -> bool | str:
+    if value is True or value is False or value == "auto":
+        return value
+    raise ValueError("must be true, false or auto")
+
+
+# YAML already gives typed values: nothing is coerced (no "3" for 3, no 1 for true), but an
+# int is a valid float.
+Str = StrictStr
+Int = StrictInt
+Count = Annotated[StrictInt, Field(ge=0)]  # 0 allowed: usually "off" or "all"
+Positive = Annotated[StrictInt, Field(ge=1)]
+NonNegative = Annotated[float, Field(strict=True, ge=0)]
+Share = Annotated[float, Field(strict=True, ge=0, le=1)]  # [0, 1]
+ShareBelowOne = Annotated[float, Field(strict=True, ge=0, lt=1)]  # [0, 1)
+Rate = Annotated[float, Field(strict=True, gt=0)]  # > 0
+Bf16 = Annotated[Any, PlainValidator(_bf16_setting)]  # true | false | "auto"
+
+SECTION = ConfigDict(extra="forbid", frozen=True)
 
 
 def split_per_process(total: int, batch_size: int, world: int, what: str) -> tuple[int, int]:
@@ -63,129 +88,84 @@ def split_per_process(total: int, batch_size: int, world: int, what: str) -> tup
     return batch, per_process // batch
 
 
-@dataclass(frozen=True)
+# Each section mirrors one mapping of conf/config.yaml, where each setting is explained.
+
+
+@dataclass(config=SECTION)
 class AugmentParams:
-    """Schema-grounding augmentation of sft.jsonl (sqlrl/data/augment.py); copies: 0 = off."""
-
-    copies: float  # augmented copies per training example, added to sft.jsonl; a
-    # fraction copies that share of the examples (0.5: a seeded half)
-    shuffle_schema: bool  # tables and columns in a random order in the copies
-    rename_prob: float  # per-name probability of a consistent rename in the copies
-
-    def __post_init__(self):
-        if self.copies < 0:
-            raise ParamsError("prepare.augment.copies must be >= 0")
-        if not 0.0 <= self.rename_prob <= 1.0:
-            raise ParamsError(
-                f"prepare.augment.rename_prob must be in [0, 1], got {self.rename_prob}"
-            )
+    copies: NonNegative
+    shuffle_schema: Bool
+    rename_prob: Share
 
 
-@dataclass(frozen=True)
+@dataclass(config=SECTION)
 class PrepareParams:
-    schema_format: str  # "compact" (table | col, col | ...) or "ddl" (CREATE TABLE)
-    sample_rows: int  # DDL only: N example rows per table, read from the database
-    include_train_others: bool  # also train on train_others.json (Spider's extra 1659)
-    heldout_fraction: float  # share of each training database's questions kept for heldout
-    max_train_examples: int  # 0 = all; the smoke profile uses a few dozen
-    max_dev_examples: int  # 0 = all
-    system_prompt: str
+    schema_format: Literal[SCHEMA_FORMATS]
+    sample_rows: Count
+    include_train_others: Bool
+    heldout_fraction: ShareBelowOne
+    max_train_examples: Count
+    max_dev_examples: Count
+    system_prompt: Str
     augment: AugmentParams
-    mark_schema_mentions: bool  # append the schema names the question mentions (all splits)
-    # DDL sample rows: a database whose prompt would pass this many tokens (Qwen2.5's
-    # tokenizer) gets fewer sample rows, down to none; 0 = no limit
-    max_prompt_tokens: int
-
-    def __post_init__(self):
-        if self.schema_format not in SCHEMA_FORMATS:
-            raise ParamsError(
-                f"prepare.schema_format must be one of {SCHEMA_FORMATS}, got {self.schema_format!r}"
-            )
-        if not 0.0 <= self.heldout_fraction < 1.0:
-            raise ParamsError(
-                f"prepare.heldout_fraction must be in [0, 1), got {self.heldout_fraction}"
-            )
-        for name in ("sample_rows", "max_train_examples", "max_dev_examples", "max_prompt_tokens"):
-            if getattr(self, name) < 0:
-                raise ParamsError(f"prepare.{name} must be >= 0")
+    mark_schema_mentions: Bool
+    max_prompt_tokens: Count
 
 
-@dataclass(frozen=True)
+@dataclass(config=SECTION)
 class ArchitectureParams:
-    """A Qwen2 configuration for a model built from scratch (CPU profile)."""
-
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    max_position_embeddings: int
-    vocab_size: int
+    hidden_size: Positive
+    intermediate_size: Positive
+    num_hidden_layers: Positive
+    num_attention_heads: Positive
+    num_key_value_heads: Positive
+    max_position_embeddings: Positive
+    vocab_size: Positive
 
 
-@dataclass(frozen=True)
+@dataclass(config=SECTION)
 class BaseParams:
-    source: str  # "hub" (pretrained, pinned) or "scratch" (built from params)
-    model_id: str  # hub repo id or a local folder standing in for one
-    revision: str  # pinned commit of the hub repo
-    dtype: str  # "float32" | "bfloat16": the dtype every model folder is saved in
-    tokenizer: str  # scratch only: "trained" (BPE on the training text) | "qwen2.5"
+    source: Literal["hub", "scratch"]
+    model_id: Str
+    revision: Str
+    dtype: Literal[DTYPES]
+    tokenizer: Literal[TOKENIZERS]
     architecture: ArchitectureParams
 
-    def __post_init__(self):
-        if self.source not in ("hub", "scratch"):
-            raise ParamsError(f"base.source must be 'hub' or 'scratch', got {self.source!r}")
-        if self.dtype not in DTYPES:
-            raise ParamsError(f"base.dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.tokenizer not in TOKENIZERS:
-            raise ParamsError(f"base.tokenizer must be one of {TOKENIZERS}, got {self.tokenizer!r}")
 
-
-@dataclass(frozen=True)
+@dataclass(config=SECTION)
 class LoraParams:
-    r: int
-    alpha: int
-    dropout: float
-    target_modules: list[str]
+    r: Positive
+    alpha: Positive
+    dropout: ShareBelowOne
+    target_modules: list[Str]
 
 
-@dataclass(frozen=True)
+@dataclass(config=SECTION)
 class SftParams:
-    use_lora: bool  # False: fine-tune all weights (random init does not learn LoRA)
+    use_lora: Bool
     lora: LoraParams
-    epochs: float
-    learning_rate: float
-    batch_size: int  # rows per forward/backward pass per process, at most
-    rows_per_step: int  # rows per optimizer step over all processes (the recipe's batch)
-    max_length: int
-    bf16: bool | str  # true | false | auto (sqlrl/hardware.py: bf16 where it is fast)
-    gradient_checkpointing: bool
-    lr_scheduler: str  # transformers scheduler name: cosine, linear, constant, ...
-    warmup_ratio: float  # share of the steps spent warming up the learning rate
-    weight_decay: float
-    group_by_length: bool  # batches of similar length (less padding: faster on a CPU)
-    attn_implementation: str  # "sdpa" | "eager" | "flash_attention_2"
-    logging_steps: int
-    completion_only_loss: bool  # False: the prompt tokens are trained on too (schema + question)
-    # with completion_only_loss false: a prompt token's loss weight relative to a completion
-    # token's (1.0: every token alike; smaller keeps the completion from being drowned out)
-    prompt_loss_weight: float
-    save_steps: int  # checkpoint every N optimizer steps (sft.resume); 0 = none
-    resume: bool  # continue from the last checkpoint of an interrupted run with the same inputs
+    epochs: Rate
+    learning_rate: Rate
+    batch_size: Positive
+    rows_per_step: Positive
+    max_length: Positive
+    bf16: Bf16
+    gradient_checkpointing: Bool
+    lr_scheduler: Str
+    warmup_ratio: ShareBelowOne
+    weight_decay: NonNegative
+    group_by_length: Bool
+    attn_implementation: Str
+    logging_steps: Positive
+    completion_only_loss: Bool
+    # (0, 1]: no prompt loss at all is completion_only_loss: true
+    prompt_loss_weight: Annotated[float, Field(strict=True, gt=0, le=1)]
+    save_steps: Count
+    resume: Bool
 
     def __post_init__(self):
-        _check_bf16("sft.bf16", self.bf16)
-        split_per_process(self.rows_per_step, self.batch_size, 1, "sft.rows_per_step")
-        if self.save_steps < 0:
-            raise ParamsError(f"sft.save_steps must be >= 0, got {self.save_steps}")
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ParamsError(f"sft.warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if not 0.0 < self.prompt_loss_weight <= 1.0:
-            raise ParamsError(
-                "sft.prompt_loss_weight must be in (0, 1] (use "
-                "completion_only_loss: true for no prompt loss), got "
-                f"{self.prompt_loss_weight}"
-            )
+        self.per_process(1)
 
     def per_process(self, world_size: int = 1) -> tuple[int, int]:
         """(rows per pass, passes per optimizer step) for each of world_size processes."""
@@ -194,119 +174,75 @@ class SftParams:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(config=SECTION)
 class RewardWeights:
-    """Weights of the GRPO reward functions (sqlrl/train/rewards.py); 0 leaves a reward out."""
-
-    execution: float  # 1.0 when the result equals the gold result
-    syntax: float  # small bonus for SQL that parses and executes
+    execution: NonNegative
+    syntax: NonNegative
 
 
-@dataclass(frozen=True)
+@dataclass(config=SECTION)
 class PassRateFilter:
-    """Keep prompts the SFT model solves sometimes but not always (groups that carry signal)."""
-
-    pool: int  # prompts to sample with the SFT model; 0 = filter off
-    samples: int  # completions per prompt
-    min_rate: float  # keep prompts whose pass rate is in [min_rate, max_rate]
-    max_rate: float
+    pool: Count
+    samples: Positive
+    min_rate: Share
+    max_rate: Share
 
 
-@dataclass(frozen=True)
+@dataclass(config=SECTION)
 class GrpoParams:
-    steps: int  # optimizer steps
-    learning_rate: float
-    batch_size: int  # completions per forward/backward pass per process, at most
-    prompts_per_step: int  # questions per optimizer step over all processes (one generation round)
-    num_generations: int  # group size
-    temperature: float
-    top_p: float  # rollout sampling: 1.0 = off
-    top_k: int  # 0 = off
-    min_p: float  # 0.0 = off
-    repetition_penalty: float  # 1.0 = off
-    max_completion_length: int
-    loss_type: str  # grpo | dapo | dr_grpo | bnpo | ...
-    beta: float  # KL weight (0: no reference model)
-    epsilon: float
-    epsilon_high: float
-    scale_rewards: str  # group | batch | none
-    num_iterations: int
+    steps: Positive
+    learning_rate: Rate
+    batch_size: Positive
+    prompts_per_step: Positive
+    num_generations: Annotated[StrictInt, Field(ge=2)]  # a group of one has no advantage
+    temperature: Rate
+    top_p: Annotated[float, Field(strict=True, gt=0, le=1)]
+    top_k: Count
+    min_p: ShareBelowOne
+    repetition_penalty: Rate
+    max_completion_length: Positive
+    loss_type: Str
+    beta: NonNegative
+    epsilon: NonNegative
+    epsilon_high: NonNegative
+    scale_rewards: Literal["group", "batch", "none"]
+    num_iterations: Positive
     reward_weights: RewardWeights
-    reward_timeout_s: float  # wall-time limit per executed query
-    executable_credit: float  # reward of a query that runs but is wrong (Arctic-Text2SQL-R1: 0.1)
-    schema_repair: bool  # reward the schema-repaired SQL (as eval.schema_repair scores it)
-    drop_empty_gold: bool  # drop prompts whose gold result is empty (or only 0/NULL)
+    reward_timeout_s: Rate
+    executable_credit: ShareBelowOne  # below a correct answer's 1.0
+    schema_repair: Bool
+    drop_empty_gold: Bool
     pass_rate_filter: PassRateFilter
     lora: LoraParams
-    use_vllm: bool
-    vllm_mode: str  # colocate | server
-    vllm_gpu_memory_utilization: float  # colocate: vLLM's share of each GPU's memory
-    vllm_max_model_length: int  # colocate: vLLM's context (longest prompt + completion)
-    vllm_enable_sleep_mode: bool  # colocate: free vLLM's memory during the optimizer step
-    vllm_tensor_parallel_size: int  # colocate: GPUs one vLLM engine spans
-    vllm_server_host: str  # server mode: the host `trl vllm-serve` listens on
-    vllm_server_port: int  # server mode: its port
-    vllm_server_timeout_s: float  # server mode: how long to wait for it at start
-    bf16: bool | str  # true | false | auto (sqlrl/hardware.py: bf16 where it is fast)
-    gradient_checkpointing: bool
-    logging_steps: int
-    save_steps: int  # checkpoint every N steps (resume)
-    resume: bool  # continue from the last checkpoint of an interrupted run
+    use_vllm: Bool
+    vllm_mode: Literal[VLLM_MODES]
+    vllm_gpu_memory_utilization: Annotated[float, Field(strict=True, gt=0, lt=1)]
+    vllm_max_model_length: Positive
+    vllm_enable_sleep_mode: Bool
+    vllm_tensor_parallel_size: Positive
+    # the vLLM server's settings are checked in every mode: a bad port fails the first stage
+    # that reads params, not GRPO after hours of SFT
+    vllm_server_host: Annotated[StrictStr, Field(min_length=1, pattern=r"\S")]
+    vllm_server_port: Annotated[StrictInt, Field(ge=1, le=65535)]
+    vllm_server_timeout_s: NonNegative
+    bf16: Bf16
+    gradient_checkpointing: Bool
+    logging_steps: Positive
+    save_steps: Positive
+    resume: Bool
 
     def __post_init__(self):
-        _check_bf16("grpo.bf16", self.bf16)
         if self.batch_size % self.num_generations:
             raise ParamsError(
                 f"grpo.batch_size ({self.batch_size}) must be a multiple of "
                 f"grpo.num_generations ({self.num_generations})"
-            )
-        if self.scale_rewards not in ("group", "batch", "none"):
-            raise ParamsError("grpo.scale_rewards must be group, batch or none")
-        self.per_process(1)
-        if not 0.0 < self.top_p <= 1.0 or self.top_k < 0 or not 0.0 <= self.min_p < 1.0:
-            raise ParamsError(
-                f"grpo sampling: top_p must be in (0, 1], top_k >= 0, min_p in [0, 1); got "
-                f"{self.top_p}, {self.top_k}, {self.min_p}"
-            )
-        if self.repetition_penalty <= 0.0:
-            raise ParamsError(
-                f"grpo.repetition_penalty must be > 0 (1.0 = off), got {self.repetition_penalty}"
-            )
-        if not 0.0 <= self.executable_credit < 1.0:
-            raise ParamsError(
-                f"grpo.executable_credit must be in [0, 1), got {self.executable_credit}"
-            )
-        self._check_vllm_server()
-
-    def _check_vllm_server(self) -> None:
-        """Checked in every mode, when params load: a bad port fails the first stage that
-        reads params, not GRPO after hours of SFT."""
-        if self.vllm_mode not in VLLM_MODES:
-            raise ParamsError(f"grpo.vllm_mode must be one of {VLLM_MODES}, got {self.vllm_mode!r}")
-        if not self.vllm_server_host.strip():
-            raise ParamsError("grpo.vllm_server_host must not be empty")
-        if not 1 <= self.vllm_server_port <= 65535:
-            raise ParamsError(
-                f"grpo.vllm_server_port must be in [1, 65535], got {self.vllm_server_port}"
-            )
-        if self.vllm_server_timeout_s < 0:
-            raise ParamsError(
-                f"grpo.vllm_server_timeout_s must be >= 0, got {self.vllm_server_timeout_s}"
-            )
-        if not 0.0 < self.vllm_gpu_memory_utilization < 1.0:
-            raise ParamsError(
-                "grpo.vllm_gpu_memory_utilization must be in (0, 1), got "
-                f"{self.vllm_gpu_memory_utilization}"
             )
         if self.vllm_max_model_length <= self.max_completion_length:
             raise ParamsError(
                 f"grpo.vllm_max_model_length ({self.vllm_max_model_length}) must exceed "
                 f"grpo.max_completion_length ({self.max_completion_length})"
             )
-        if self.vllm_tensor_parallel_size < 1:
-            raise ParamsError(
-                f"grpo.vllm_tensor_parallel_size must be >= 1, got {self.vllm_tensor_parallel_size}"
-            )
+        self.per_process(1)
 
     def per_process(self, world_size: int = 1) -> tuple[int, int]:
         """(completions per pass, passes per optimizer step) for each of world_size processes:
@@ -319,45 +255,37 @@ class GrpoParams:
         )
 
 
-@dataclass(frozen=True)
+@dataclass(config=SECTION)
 class EvalParams:
-    batch_size: int
-    max_new_tokens: int
-    use_vllm: bool  # vLLM where it is installed; transformers otherwise
-    num_samples: int  # 1 = greedy; N > 1 = self-consistency (sample N, vote by result)
-    temperature: float  # sampling temperature, used only when num_samples > 1
-    schema_repair: bool  # map unknown table/column names onto the schema (schema_repair.py)
+    batch_size: Positive
+    max_new_tokens: Positive
+    use_vllm: Bool
+    num_samples: Positive
+    temperature: NonNegative
+    schema_repair: Bool
 
     def __post_init__(self):
-        if self.batch_size < 1 or self.max_new_tokens < 1 or self.num_samples < 1:
-            raise ParamsError(
-                "eval.batch_size, eval.max_new_tokens and eval.num_samples must be >= 1"
-            )
         if self.num_samples > 1 and self.temperature <= 0.0:
             raise ParamsError(
                 f"eval.temperature must be > 0 when eval.num_samples > 1, got {self.temperature}"
             )
 
 
-@dataclass(frozen=True)
+@dataclass(config=SECTION)
 class LaunchParams:
-    """How many training processes sft and grpo run in (stages/launch.py)."""
-
-    num_processes: int  # per machine: GPUs, or CPU processes (gloo); batch sizes are per process
-    config: str  # an accelerate config file (conf/accelerate/); "" = data-parallel defaults
+    num_processes: Positive
+    config: Str
 
     def __post_init__(self):
-        if self.num_processes < 1:
-            raise ParamsError(f"launch.num_processes must be >= 1, got {self.num_processes}")
         if self.config and not Path(self.config).is_file():  # relative: to the repo root
             raise ParamsError(f"launch.config: no file {self.config!r} (see conf/accelerate/)")
 
 
-@dataclass(frozen=True)
+@dataclass(config=SECTION)
 class Params:
-    seed: int
-    profile: str
-    torch_threads: int  # CPU threads for torch in every stage; 0 = the usable cores
+    seed: Int
+    profile: Str
+    torch_threads: Count
     launch: LaunchParams
     prepare: PrepareParams
     base: BaseParams
@@ -379,54 +307,29 @@ class Params:
             )
 
 
-def _build(cls: type, data: Any, where: str) -> Any:
-    """Build dataclass `cls` from plain YAML data, checking keys and types on the way."""
-    if not isinstance(data, dict):
-        raise ParamsError(f"{where or 'params'}: expected a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(data) - set(names))
-    missing = [n for n in names if n not in data]
-    if unknown:
-        raise ParamsError(f"unknown key(s) {', '.join(_join(where, k) for k in unknown)}")
-    if missing:
-        raise ParamsError(f"missing key(s) {', '.join(_join(where, k) for k in missing)}")
-    values = {n: _convert(hints[n], data[n], _join(where, n)) for n in names}
-    return cls(**values)
+_PARAMS = TypeAdapter(Params)
 
 
-def _convert(hint: Any, value: Any, where: str) -> Any:
-    if dataclasses.is_dataclass(hint):
-        return _build(hint, value, where)
-    origin = typing.get_origin(hint)
-    if origin is list:
-        (item,) = typing.get_args(hint)
-        if not isinstance(value, list):
-            raise ParamsError(f"{where}: expected a list, got {value!r}")
-        return [_convert(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin in (typing.Union, types.UnionType):
-        for option in typing.get_args(hint):
-            if option is type(None) and value is None:
-                return None
-            try:
-                return _convert(option, value, where)
-            except ParamsError:
-                continue
-        raise ParamsError(f"{where}: {value!r} does not match {hint}")
-    if hint is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if hint in (int, float) and isinstance(value, bool) or not isinstance(value, hint):
-        raise ParamsError(f"{where}: expected {hint.__name__}, got {value!r}")
-    return value
-
-
-def _join(where: str, key: str) -> str:
-    return f"{where}.{key}" if where else key
+def _problem(error: dict) -> str:
+    """One pydantic error as `full.key: what is wrong (got value)`."""
+    key = ".".join(str(part) for part in error["loc"])
+    if error["type"] == "missing":
+        return f"missing key {key}"
+    if error["type"] == "unexpected_keyword_argument":
+        return f"unknown key {key}"
+    cause = error.get("ctx", {}).get("error")
+    if isinstance(cause, ParamsError):  # a check across settings names its own keys
+        return str(cause)
+    message = str(cause) if cause is not None else error["msg"]
+    return f"{key}: {message} (got {error['input']!r})"
 
 
 def params_from_dict(data: dict) -> Params:
     """Validate already-loaded params (e.g. a composed config) into `Params`."""
-    return _build(Params, data, "")
+    try:
+        return _PARAMS.validate_python(data)
+    except ValidationError as exc:
+        raise ParamsError("; ".join(_problem(e) for e in exc.errors())) from None
 
 
 def load_params(path: str | Path = "params.yaml") -> Params:
@@ -463,8 +366,13 @@ def compose_params(
     overrides = list(overrides or [])
     if profile is not None:
         overrides.append(f"profile={profile}")
+    from hydra.errors import HydraException
+
     with initialize_config_dir(config_dir=str(Path(conf_dir).resolve()), version_base=None):
-        cfg = compose(config_name="config", overrides=overrides)
+        try:
+            cfg = compose(config_name="config", overrides=overrides)
+        except HydraException as exc:  # e.g. an override of a key the config lacks
+            raise ParamsError(str(exc).splitlines()[0]) from None
     return OmegaConf.to_container(cfg, resolve=True)
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlrl.errors import PipelineError
@@ -77,91 +78,106 @@ def check_gold_databases(rows: list[dict], items: list[dict], spider_dir: str | 
             )
 
 
-def evaluate_split(
-    rows: list[dict],
+@dataclass
+class Answers:
+    """The model's answers to the questions of one split that have a prompt, in prompt order."""
+
+    outputs: list[str]  # the model's text (with voting: the winning sample's)
+    sqls: list[str]  # the SQL that is scored (extracted, repaired with schema repair)
+    unrepaired: list[str]  # with schema repair: the SQL before it; otherwise empty
+    votes: list[int] | None  # with voting: the winning group's size
+    seconds: float  # generation wall time
+
+
+def answer_prompts(
+    prompts: list[str],
+    db_paths: list[str],
     generator,
-    render: Callable[[list[dict]], str],
     *,
-    num_samples: int = 1,
-    temperature: float = 0.0,
-    seed: int = 0,
-    spider_dir: str | Path,
-    schema_repair: bool = False,
-    workers: int | None = None,
-) -> tuple[dict, list[dict]]:
-    """Generate, extract, (repair,) score one split: (metrics, prediction rows in input order)."""
-    from sqlrl.eval.score import score_predictions
+    num_samples: int,
+    temperature: float,
+    seed: int,
+    fix: Callable[[int, str], str] | None,
+) -> Answers:
+    """Generate and pick each prompt's SQL: greedy (extract, then repair) or, with
+    num_samples > 1, sample and vote by execution result (repairing every candidate)."""
     from sqlrl.sql.extract import extract_sql
 
-    todo = [i for i, row in enumerate(rows) if row.get("prompt") and row.get("db_present", True)]
-    prompts = [render(rows[i]["prompt"]) for i in todo]
-    fix = None
-    if schema_repair:
-        from sqlrl.data.spider import load_schemas
-        from sqlrl.sql.schema_repair import repairer
-
-        fix = repairer(
-            load_schemas(Path(spider_dir) / "tables.json"),
-            [rows[i]["db_id"] for i in todo],
-            [rows[i]["question"] for i in todo],
-        )
-    unrepaired: list[str] = []
-    tokens_before = getattr(generator, "generated_tokens", None)
-    start = time.perf_counter()
-    votes: list[int] | None = None
     if not prompts:
-        outputs, sqls, seconds = [], [], 0.0
-    elif num_samples > 1:
+        return Answers([], [], [], None, 0.0)
+    start = time.perf_counter()
+    if num_samples > 1:
         samples = generator.sample(prompts, num_samples, temperature, seed)
         seconds = time.perf_counter() - start
         _check_count(samples, prompts)
-        sqls, votes, outputs = self_consistency(
-            samples, [rows[i]["db_path"] for i in todo], fix=fix
-        )
-        if fix is not None:
-            unrepaired = [extract_sql(text) for text in outputs]
-    else:
-        outputs = generator.generate(prompts)
-        seconds = time.perf_counter() - start
-        _check_count(outputs, prompts)
-        sqls = [extract_sql(text) for text in outputs]
-        if fix is not None:
-            unrepaired, sqls = sqls, [fix(k, sql) for k, sql in enumerate(sqls)]
+        sqls, votes, outputs = self_consistency(samples, db_paths, fix=fix)
+        unrepaired = [extract_sql(text) for text in outputs] if fix is not None else []
+        return Answers(outputs, sqls, unrepaired, votes, seconds)
+    outputs = generator.generate(prompts)
+    seconds = time.perf_counter() - start
+    _check_count(outputs, prompts)
+    sqls = [extract_sql(text) for text in outputs]
+    unrepaired = []
+    if fix is not None:
+        unrepaired, sqls = sqls, [fix(k, sql) for k, sql in enumerate(sqls)]
+    return Answers(outputs, sqls, unrepaired, None, seconds)
 
-    preds = [""] * len(rows)
-    texts: list[str | None] = [None] * len(rows)
-    for k, i in enumerate(todo):
-        preds[i], texts[i] = sqls[k], outputs[k]
-    if rows:
-        report = score_predictions(
-            [(row["gold"], row["db_id"]) for row in rows],
-            preds,
-            Path(spider_dir) / "database",
-            Path(spider_dir) / "tables.json",
-            workers or default_workers(),
-        )
-        check_gold_databases(rows, report["items"], spider_dir)
-    else:
-        report = {
-            "ex": None,
-            "ex_all": None,
-            "em": None,
-            "n": 0,
-            "skipped": 0,
-            "by_hardness": {},
-            "errors": {},
-            "items": [],
-        }
 
+def _schema_fixer(rows: list[dict], todo: list[int], spider_dir: str | Path):
+    """eval.schema_repair's repairer for the questions in `todo` (index -> SQL -> SQL)."""
+    from sqlrl.data.spider import load_schemas
+    from sqlrl.sql.schema_repair import repairer
+
+    return repairer(
+        load_schemas(Path(spider_dir) / "tables.json"),
+        [rows[i]["db_id"] for i in todo],
+        [rows[i]["question"] for i in todo],
+    )
+
+
+EMPTY_REPORT = {
+    "ex": None,
+    "ex_all": None,
+    "em": None,
+    "n": 0,
+    "skipped": 0,
+    "by_hardness": {},
+    "errors": {},
+    "items": [],
+}
+
+
+def _score(rows: list[dict], preds: list[str], spider_dir: str | Path, workers) -> dict:
+    """The shared scorer's report on one split (every row, skipped ones included)."""
+    from sqlrl.eval.score import score_predictions
+
+    if not rows:
+        return dict(EMPTY_REPORT)
+    report = score_predictions(
+        [(row["gold"], row["db_id"]) for row in rows],
+        preds,
+        Path(spider_dir) / "database",
+        Path(spider_dir) / "tables.json",
+        workers or default_workers(),
+    )
+    check_gold_databases(rows, report["items"], spider_dir)
+    return report
+
+
+def _prediction_rows(
+    rows: list[dict], todo: list[int], answers: Answers, report: dict
+) -> list[dict]:
+    """One prediction row per input row, in input order (data/predictions/*.jsonl)."""
     position = {i: k for k, i in enumerate(todo)}  # row index -> its prompt's index
     predictions = []
     for i, (row, item) in enumerate(zip(rows, report["items"], strict=True)):
-        skipped = i not in position or item.get("status") == "skipped"
+        k = position.get(i)
+        skipped = k is None or item.get("status") == "skipped"
         pred = {
             "question": row["question"],
             "db_id": row["db_id"],
             "gold": row["gold"],
-            "pred": preds[i] if i in position else None,
+            "pred": answers.sqls[k] if k is not None else None,
             "ex": None if skipped else item.get("ex"),
             "em": None if skipped else item.get("em"),
             "hardness": item.get("hardness"),
@@ -172,19 +188,25 @@ def evaluate_split(
                 if skipped
                 else item.get("error") or ""
             ),
-            "output": texts[i],
+            "output": answers.outputs[k] if k is not None else None,
         }
         if item.get("gold_trivial") and not skipped:
             pred["gold_trivial"] = True
-        if votes is not None and i in position:
-            pred["votes"] = votes[position[i]]
-        if unrepaired and i in position and unrepaired[position[i]] != preds[i]:
-            pred["before_repair"] = unrepaired[position[i]]
+        if answers.votes is not None and k is not None:
+            pred["votes"] = answers.votes[k]
+        if answers.unrepaired and k is not None and answers.unrepaired[k] != answers.sqls[k]:
+            pred["before_repair"] = answers.unrepaired[k]
         predictions.append(pred)
+    return predictions
 
+
+def _split_metrics(
+    predictions: list[dict], report: dict, answers: Answers, n_prompts: int, num_samples: int
+) -> dict:
+    seconds = answers.seconds
     scored = [p for p in predictions if p["status"] != "skipped"]
     n = len(scored)
-    metrics = {
+    return {
         "ex": report["ex"],
         "em": report["em"],
         "n": n,
@@ -198,15 +220,50 @@ def evaluate_split(
         "gold_failed": report.get("gold_failed", 0),
         "executable": round(sum(p["status"] == "ok" for p in scored) / n, 4) if n else None,
         "generation_seconds": round(seconds, 3),
-        "examples_per_second": round(len(prompts) / seconds, 3) if prompts and seconds else None,
+        "examples_per_second": round(n_prompts / seconds, 3) if n_prompts and seconds else None,
         "num_samples": num_samples,
     }
+
+
+def evaluate_split(
+    rows: list[dict],
+    generator,
+    render: Callable[[list[dict]], str],
+    *,
+    num_samples: int = 1,
+    temperature: float = 0.0,
+    seed: int = 0,
+    spider_dir: str | Path,
+    schema_repair: bool = False,
+    workers: int | None = None,
+) -> tuple[dict, list[dict]]:
+    """Generate, extract, (repair,) score one split: (metrics, prediction rows in input order)."""
+    todo = [i for i, row in enumerate(rows) if row.get("prompt") and row.get("db_present", True)]
+    fix = _schema_fixer(rows, todo, spider_dir) if schema_repair else None
+    tokens_before = getattr(generator, "generated_tokens", None)
+    answers = answer_prompts(
+        [render(rows[i]["prompt"]) for i in todo],
+        [rows[i]["db_path"] for i in todo],
+        generator,
+        num_samples=num_samples,
+        temperature=temperature,
+        seed=seed,
+        fix=fix,
+    )
+    preds = [""] * len(rows)
+    for k, i in enumerate(todo):
+        preds[i] = answers.sqls[k]
+    report = _score(rows, preds, spider_dir, workers)
+    predictions = _prediction_rows(rows, todo, answers, report)
+    metrics = _split_metrics(predictions, report, answers, len(todo), num_samples)
     if fix is not None:
-        metrics["repaired"] = sum("before_repair" in p for p in scored)
-    if tokens_before is not None and seconds:
+        metrics["repaired"] = sum(
+            "before_repair" in p for p in predictions if p["status"] != "skipped"
+        )
+    if tokens_before is not None and answers.seconds:
         tokens = generator.generated_tokens - tokens_before
         metrics["generated_tokens"] = tokens
-        metrics["tokens_per_second"] = round(tokens / seconds, 1)
+        metrics["tokens_per_second"] = round(tokens / answers.seconds, 1)
     return metrics, predictions
 
 

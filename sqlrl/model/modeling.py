@@ -23,6 +23,7 @@ from pathlib import Path
 
 from sqlrl.errors import PipelineError
 from sqlrl.jsonio import write_json
+from sqlrl.outputs import save_atomically
 from sqlrl.params import ArchitectureParams, BaseParams, LoraParams, parse_bool
 
 BASE_RECORD = "base.json"
@@ -179,9 +180,6 @@ def build_scratch(
             train_tokenizer(training_texts(sft_jsonl), arch.vocab_size)
         )
     model = build_scratch_model(arch, tokenizer, seed, params.dtype)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
     n = n_parameters(model)
     embed = model.get_input_embeddings().weight.numel()
     record = {
@@ -193,7 +191,13 @@ def build_scratch(
         "n_params_non_embedding": n - embed,
         "vocab_size": len(tokenizer),
     }
-    write_json(out_dir / BASE_RECORD, record)
+
+    def save(folder: Path) -> None:
+        model.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        write_json(folder / BASE_RECORD, record)
+
+    save_atomically(out_dir, save)
     return record
 
 
@@ -273,18 +277,12 @@ def record_hub(params: BaseParams, out_dir: str | Path) -> dict:
     }
     if record["local_folder"]:
         record["repo_id"] = str(Path(params.model_id).resolve())
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    write_json(out_dir / BASE_RECORD, record)
+    save_atomically(out_dir, lambda folder: write_json(folder / BASE_RECORD, record))
     return record
 
 
 def build_base(params: BaseParams, seed: int, sft_jsonl: str | Path, out_dir: str | Path) -> dict:
-    out_dir = Path(out_dir)
-    if out_dir.exists():
-        import shutil
-
-        shutil.rmtree(out_dir)
+    """models/base: built from scratch, or the record of the pinned hub model it stands for."""
     if params.source == "scratch":
         return build_scratch(params, seed, sft_jsonl, out_dir)
     return record_hub(params, out_dir)

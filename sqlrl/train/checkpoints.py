@@ -1,11 +1,10 @@
-"""Checkpoints that an interrupted training run (sft or grpo) can resume from, and atomic saves.
+"""Checkpoints that an interrupted training run (sft or grpo) can resume from.
 
 A stage keeps its checkpoints outside DVC's outputs (the stage's --checkpoints folder), with a
 fingerprint of what the run computes from: its params (less the settings that do not change the
 result), the seed and the contents of its input files and folders. `sft.resume` / `grpo.resume`
 continue from the last checkpoint only when the fingerprint is the same; any other checkpoint is
-set aside and the run starts fresh. A model output is written to a temporary folder and renamed
-when complete, so an interrupted run never leaves an output that looks finished.
+set aside and the run starts fresh.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -129,21 +128,3 @@ def dvclive_callback(dvclive_dir: str | Path, resume_from: str | None):
     if resume_from:  # DVCLive would go on from its own last point, not the checkpoint's
         live.step = curves_at_checkpoint(dvclive_dir, resume_from)
     return live, DVCLiveCallback(live=live)
-
-
-def save_atomically(
-    out_dir: str | Path, save: Callable[[Path], None], writer: bool, barrier: Callable[[], None]
-) -> None:
-    """Run save(tmp) into a temporary sibling of out_dir, then replace out_dir with it. Every
-    process calls save (a sharded model needs all of them); only the writer deletes and
-    renames, between barriers so no process reads a half-written folder."""
-    out_dir = Path(out_dir)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    if writer:
-        shutil.rmtree(tmp, ignore_errors=True)
-    barrier()
-    save(tmp)
-    if writer:
-        shutil.rmtree(out_dir, ignore_errors=True)
-        tmp.rename(out_dir)
-    barrier()

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from sqlrl.hardware import resolve_bf16, set_torch_threads
+from sqlrl.outputs import save_atomically
 from sqlrl.params import GrpoParams
 from sqlrl.patches import completion_logits_only_on_cpu, shared_prompt_prefill, timed_rollouts
 from sqlrl.progress import trainer_progress
@@ -29,7 +30,6 @@ from sqlrl.train.checkpoints import (
     dvclive_callback,
     prepare_checkpoints,
     run_fingerprint,
-    save_atomically,
 )
 from sqlrl.train.vllm_server import require_vllm, wait_for_server
 
@@ -278,18 +278,12 @@ def train_grpo(
     save_atomically(out_dir, save, writer, wait_for_everyone)
     if live is not None:
         live.end()
-    metrics = summarize_log(trainer.state.log_history, timer, trainer.state.global_step, wall)
-    metrics["resumed_from"] = Path(resume_from).name if resume_from else None
-    world = trainer.accelerator.num_processes
-    metrics.update(
-        world_size=world,
-        prompts_per_step=args.generation_batch_size // params.num_generations,
-        completions_per_step=args.generation_batch_size,
-        use_vllm=bool(args.use_vllm),
-        torch_threads=threads,
-        bf16=bool(args.bf16),
-        bf16_reason=resolve_bf16(params.bf16)[1],
-    )
+    metrics = {
+        **summarize_log(trainer.state.log_history, timer, trainer.state.global_step, wall),
+        **_run_settings(trainer, params),
+        "resumed_from": Path(resume_from).name if resume_from else None,
+        "torch_threads": threads,
+    }
     log.info(
         "reward %s -> %s over %s steps",
         metrics["first_mean_reward"],
@@ -297,3 +291,16 @@ def train_grpo(
         metrics["steps"],
     )
     return metrics
+
+
+def _run_settings(trainer, params: GrpoParams) -> dict:
+    """How the run was set up, as the trainer resolved it (processes, step size, dtype)."""
+    args = trainer.args
+    return {
+        "world_size": trainer.accelerator.num_processes,
+        "prompts_per_step": args.generation_batch_size // params.num_generations,
+        "completions_per_step": args.generation_batch_size,
+        "use_vllm": bool(args.use_vllm),
+        "bf16": bool(args.bf16),
+        "bf16_reason": resolve_bf16(params.bf16)[1],
+    }

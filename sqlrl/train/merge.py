@@ -12,6 +12,7 @@ from pathlib import Path
 
 from sqlrl.data.prompt_settings import PROMPT_SETTINGS_FILE
 from sqlrl.model.modeling import load_model_and_tokenizer, saved_dtype
+from sqlrl.outputs import save_atomically
 
 log = logging.getLogger(__name__)
 
@@ -27,22 +28,22 @@ def merge_adapter(sft_dir: str | Path, adapter_dir: str | Path, out_dir: str | P
     model, tokenizer = load_model_and_tokenizer(sft_dir)
     merged = PeftModel.from_pretrained(model, adapter_dir).merge_and_unload()
     merged = merged.to(getattr(torch, saved_dtype(sft_dir)))  # the SFT model's (bf16 for Qwen)
-    tmp = out_dir.with_name(out_dir.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    merged.save_pretrained(tmp, safe_serialization=True)
-    tokenizer.save_pretrained(tmp)
-    settings = Path(sft_dir) / PROMPT_SETTINGS_FILE  # the prompts it was trained on, for serving
-    if settings.is_file():
-        shutil.copy2(settings, tmp / PROMPT_SETTINGS_FILE)
-    else:
-        log.warning(
-            "%s is missing, so %s will not serve without every prompt setting given as a "
-            "flag (rerun `dvc repro sft`)",
-            settings,
-            out_dir,
-        )
-    shutil.rmtree(out_dir, ignore_errors=True)
-    tmp.rename(out_dir)  # a half-written model never sits at out_dir
+
+    def save(folder: Path) -> None:
+        merged.save_pretrained(folder, safe_serialization=True)
+        tokenizer.save_pretrained(folder)
+        settings = Path(sft_dir) / PROMPT_SETTINGS_FILE  # the prompts it was trained on
+        if settings.is_file():
+            shutil.copy2(settings, folder / PROMPT_SETTINGS_FILE)
+        else:
+            log.warning(
+                "%s is missing, so %s will not serve without every prompt setting given as a "
+                "flag (rerun `dvc repro sft`)",
+                settings,
+                out_dir,
+            )
+
+    save_atomically(out_dir, save)
     return {
         "sft": str(sft_dir),
         "adapter": str(adapter_dir),

@@ -126,9 +126,8 @@ def make_rewards(
     """(execution_reward, syntax_reward) sharing one judge pool; see the module docstring.
     With `schemas` (db_id -> Schema), the SQL is schema-repaired before it is judged, using
     the batch's db_id and question columns (grpo.schema_repair). `executable_credit` is the
-    execution reward of SQL that runs but returns the wrong result (Arctic-Text2SQL-R1: 0.1)."""
-    if not 0.0 <= executable_credit < 1.0:
-        raise ValueError(f"executable_credit must be in [0, 1), got {executable_credit}")
+    execution reward of SQL that runs but returns the wrong result (Arctic-Text2SQL-R1: 0.1;
+    its range is checked where params load: grpo.executable_credit)."""
     state = _Rewards(JudgePool(limits, workers, keep_distinct, backend, shortcuts=True), schemas)
 
     def execution_reward(completions, db_path, gold_sql, **kwargs) -> list[float | None]:

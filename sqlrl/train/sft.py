@@ -36,13 +36,13 @@ from sqlrl.model.modeling import (
     n_parameters,
     saved_dtype,
 )
+from sqlrl.outputs import save_atomically
 from sqlrl.params import SftParams
 from sqlrl.progress import trainer_progress
 from sqlrl.train.checkpoints import (
     dvclive_callback,
     prepare_checkpoints,
     run_fingerprint,
-    save_atomically,
 )
 
 
@@ -344,13 +344,7 @@ def train_sft(
     callbacks = [_throughput_callback(), trainer_progress("sft")]
     if dvclive_dir and writer:  # one writer of the curves
         callbacks.append(dvclive_callback(dvclive_dir, resume_from)[1])
-    if _weighted_prompt_loss(params):
-        trainer_class = _weighted_loss_trainer_class()
-        extra = {"prompt_loss_weight": params.prompt_loss_weight}
-    else:  # TRL's own loss
-        from trl import SFTTrainer as trainer_class
-
-        extra = {}
+    trainer_class, extra = _trainer_class(params)
     with contextlib.ExitStack() as stack:
         output_dir = checkpoint_dir or stack.enter_context(
             tempfile.TemporaryDirectory(prefix="sft-")
@@ -374,12 +368,7 @@ def train_sft(
         start = time.perf_counter()
         result = trainer.train(resume_from_checkpoint=resume_from)
         wall = time.perf_counter() - start
-    tokens = round(sum(lengths) * trainer.state.epoch)  # every row once an epoch, no padding
-    trained = trainer.accelerator.unwrap_model(trainer.model)
-    if params.use_lora:
-        trained = trained.merge_and_unload()
-    trained = trained.to(save_dtype)  # not the fp32 a CPU computed in
-    trained.config.use_cache = True
+    trained = _trained_model(trainer, params.use_lora, save_dtype)
 
     def save(folder: Path) -> None:
         if writer:
@@ -387,28 +376,57 @@ def train_sft(
             tokenizer.save_pretrained(folder)
 
     save_atomically(out_dir, save, writer, wait_for_everyone)
-    last = callbacks[0].last_log
+    tokens = round(sum(lengths) * trainer.state.epoch)  # every row once an epoch, no padding
     return {
-        "final_loss": last.get("loss"),
-        "mean_loss": result.training_loss,
-        "final_token_accuracy": last.get("mean_token_accuracy"),
-        "steps": result.global_step,
-        "epochs": trainer.state.epoch,
+        **_run_metrics(trainer, result, callbacks[0].last_log, wall, tokens),
         "examples": len(dataset),
         **rows,
         "dtype": str(save_dtype).removeprefix("torch."),
-        "wall_seconds": round(wall, 1),
-        "train_tokens": tokens,
-        "tokens_per_second": round(tokens / wall, 1) if tokens else None,
         **padding.as_metrics(trainer.accelerator),
-        "rows_per_step": args.per_device_train_batch_size
-        * args.gradient_accumulation_steps
-        * trainer.accelerator.num_processes,
         "resumed_from": Path(resume_from).name if resume_from else None,
         "n_params": n_parameters(trained),
         "use_lora": params.use_lora,
         "torch_threads": threads,
-        "world_size": world_size(),
-        "bf16": bool(args.bf16),
         "bf16_reason": resolve_bf16(params.bf16)[1],
+    }
+
+
+def _trainer_class(params: SftParams) -> tuple[type, dict]:
+    """TRL's SFTTrainer, or ours where the prompt is trained on with a smaller weight; with
+    the keyword arguments it takes beyond SFTTrainer's."""
+    if _weighted_prompt_loss(params):
+        return _weighted_loss_trainer_class(), {"prompt_loss_weight": params.prompt_loss_weight}
+    from trl import SFTTrainer
+
+    return SFTTrainer, {}
+
+
+def _trained_model(trainer, use_lora: bool, save_dtype):
+    """The trained weights as one plain model (LoRA merged in) in the dtype it is saved in,
+    not the fp32 a CPU computed in."""
+    trained = trainer.accelerator.unwrap_model(trainer.model)
+    if use_lora:
+        trained = trained.merge_and_unload()
+    trained = trained.to(save_dtype)
+    trained.config.use_cache = True
+    return trained
+
+
+def _run_metrics(trainer, result, last_log: dict, wall: float, tokens: int) -> dict:
+    """What the run did and how fast, from the trainer's state and the last training log."""
+    args = trainer.args
+    return {
+        "final_loss": last_log.get("loss"),
+        "mean_loss": result.training_loss,
+        "final_token_accuracy": last_log.get("mean_token_accuracy"),
+        "steps": result.global_step,
+        "epochs": trainer.state.epoch,
+        "wall_seconds": round(wall, 1),
+        "train_tokens": tokens,
+        "tokens_per_second": round(tokens / wall, 1) if tokens else None,
+        "rows_per_step": args.per_device_train_batch_size
+        * args.gradient_accumulation_steps
+        * trainer.accelerator.num_processes,
+        "world_size": trainer.accelerator.num_processes,
+        "bf16": bool(args.bf16),
     }
