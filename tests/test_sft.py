@@ -204,14 +204,6 @@ def test_weighted_prompt_loss_trains_the_prompt_less(base_dir):
     assert full + 0.1 < weighted < none - 0.5, (full, weighted, none)
 
 
-@pytest.mark.parametrize("weight", [0.0, -0.5, 1.5])
-def test_prompt_loss_weight_out_of_range_is_refused(weight):
-    from sqlrl.params import ParamsError
-
-    with pytest.raises(ParamsError, match="prompt_loss_weight"):
-        _params(prompt_loss_weight=weight)
-
-
 def test_rows_longer_than_max_length_fail_loudly_instead_of_vanishing(base_dir):
     """TRL cuts rows past max_length and drops those whose answer is gone; here that is an
     error that says how many rows and what to change, and nothing is written."""
