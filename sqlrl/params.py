@@ -110,6 +110,15 @@ class PrepareParams:
     augment: AugmentParams
     mark_schema_mentions: Bool
     max_prompt_tokens: Count
+    extra_train: list[Str]
+
+    def __post_init__(self):
+        for name in self.extra_train:
+            if Path(name).is_absolute() or ".." in Path(name).parts or not name.strip():
+                raise ParamsError(
+                    f"prepare.extra_train: {name!r} is not a file name inside the prepare "
+                    "stage's --extra-train folder (data/feedback/ in dvc.yaml)"
+                )
 
 
 @dataclass(config=SECTION)

@@ -12,13 +12,14 @@ from stages import stage_main
 
 def arguments(parser) -> None:  # paths as strings, exactly as dvc.yaml writes them
     parser.add_argument("--spider", required=True, help="the Spider release")
+    parser.add_argument("--extra-train", help="the folder of prepare.extra_train's files")
     parser.add_argument("--out", required=True, help="folder for the JSONL files")
     parser.add_argument("--metrics", required=True)
 
 
 def main(args) -> int:
     params = load_params(args.params)
-    metrics = prepare(params.prepare, params.seed, args.spider, args.out)
+    metrics = prepare(params.prepare, params.seed, args.spider, args.out, args.extra_train)
     write_json(args.metrics, metrics)
     train, dev = metrics["train"], metrics["dev"]
     print(

@@ -145,9 +145,15 @@ def _eval_row(example: Example, prompts: PromptFactory) -> dict:
     }
 
 
-def prepare(params: PrepareParams, seed: int, spider_dir: str | Path, out_dir: str | Path) -> dict:
-    """Read the Spider release in `spider_dir`, write the four JSONL files into `out_dir`,
-    return metrics/prepare.json."""
+def prepare(
+    params: PrepareParams,
+    seed: int,
+    spider_dir: str | Path,
+    out_dir: str | Path,
+    extra_dir: str | Path | None = None,
+) -> dict:
+    """Read the Spider release in `spider_dir` (and prepare.extra_train's files in
+    `extra_dir`), write the four JSONL files into `out_dir`, return metrics/prepare.json."""
     spider_dir, out_dir = Path(spider_dir), Path(out_dir)
     if not spider_dir.is_dir():
         raise SpiderDataError(
@@ -167,6 +173,10 @@ def prepare(params: PrepareParams, seed: int, spider_dir: str | Path, out_dir: s
     train = _limit(train, params.max_train_examples)
     heldout = _limit(heldout, params.max_dev_examples)
     dev = _limit(dev, params.max_dev_examples)
+    extra, extra_stats = extra_training_examples(
+        params.extra_train, extra_dir, schemas, present, heldout + dev
+    )
+    train = train + extra
 
     prompts = PromptFactory(PromptSettings.from_prepare(params), schemas, spider_dir)
     sft_rows, grpo_rows = [], []
@@ -218,7 +228,42 @@ def prepare(params: PrepareParams, seed: int, spider_dir: str | Path, out_dir: s
         "sample_rows_reduced": dict(sorted(prompts.sample_rows_used.items())),
         **({"sft_tokens": _token_stats(sft_rows)} if params.max_prompt_tokens else {}),
         "augment": augment_stats,
+        **({"extra_train": extra_stats} if params.extra_train else {}),
     }
+
+
+def extra_training_examples(
+    names: list[str],
+    folder: str | Path | None,
+    schemas: dict,
+    present: dict[str, bool],
+    evaluated: list[Example],
+) -> tuple[list[Example], dict]:
+    """The examples of prepare.extra_train's Spider-format files (e.g. exported feedback),
+    less those the pipeline could not train on or that would leak into a measure: a database
+    that is absent, or a gold query that a dev or held-out question asks for (compared as
+    query_key does). Returns (examples, counts per file)."""
+    if not names:
+        return [], {}
+    if folder is None:
+        raise ValueError("prepare.extra_train names files, but no folder holds them")
+    measured = {query_key(ex.query) for ex in evaluated}
+    kept, stats = [], {}
+    for name in names:
+        path = Path(folder) / name
+        if not path.is_file():
+            raise SpiderDataError(f"prepare.extra_train: {path}: no such file")
+        examples = load_examples(path, schemas)
+        usable = [ex for ex in examples if present[ex.db_id]]
+        fresh = [ex for ex in usable if query_key(ex.query) not in measured]
+        kept += fresh
+        stats[name] = {
+            "examples": len(examples),
+            "kept": len(fresh),
+            "skipped_db_absent": len(examples) - len(usable),
+            "skipped_evaluated_query": len(usable) - len(fresh),
+        }
+    return kept, stats
 
 
 def augment_rows(
