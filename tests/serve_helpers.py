@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -18,7 +22,7 @@ import torch
 from sqlrl.data.prompt_settings import write_prompt_settings
 from sqlrl.serve import PromptSettings, ServeConfig
 from sqlrl.serve.prompting import PromptBuilder
-from tests.repo_tools import SPIDER_DIR
+from tests.repo_tools import REPO_ROOT, SPIDER_DIR
 
 SETTINGS = PromptSettings("compact", 0, "You are a text-to-SQL assistant.")
 COUNT_SQL = "SELECT count(*) FROM singer"
@@ -178,3 +182,40 @@ def serving(app):
         server.should_exit = True
         thread.join(timeout=30)
     assert not thread.is_alive()
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def server_process(model_dir: Path, *flags: str):
+    """`python -m sqlrl.serve` as its own process on a free loopback port, as a user starts
+    it; yields (process, base URL) once /health answers. Killed at the end if still alive."""
+    import httpx
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "sqlrl.serve", "--model", str(model_dir)]
+    cmd += ["--spider-dir", str(SPIDER_DIR), "--port", str(port), "--warmup", "false"]
+    cmd += ["--log-level", "warning", *flags]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "SQLRL_TORCH_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None, f"the server exited: {proc.stderr.read()[-3000:]}"
+            assert time.monotonic() < deadline, "the server did not start within 120 s"
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            time.sleep(0.2)
+        yield proc, base
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=30)
+        proc.stderr.close()
