@@ -294,7 +294,9 @@ def main(argv=None) -> int:
     except (FeedbackError, SpiderDataError) as exc:
         print(f"feedback: {exc}", file=sys.stderr)
         return 2
-    print(f"exported {n} verified pairs to {args.out}; skipped {len(skipped)}")
+    print(
+        f"exported {n} verified pair{'' if n == 1 else 's'} to {args.out}; skipped {len(skipped)}"
+    )
     for line in skip_report(skipped):
         print(line)
     return 0
