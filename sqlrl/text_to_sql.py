@@ -87,8 +87,6 @@ def finish_answer(
     the schema lacks repaired (when `repair` and the schema is known), and with several
     samples a vote: by execution result when `execute` runs them, else by SQL text. The
     server runs the same steps (extract_sqls, answer_from) with each one off its event loop."""
-    if not texts:
-        raise ValueError("no completion to answer from")
     sqls = extract_sqls(texts, schema=schema, question=question, repair=repair)
     return answer_from(texts, sqls, execute(sqls) if execute is not None else None)
 

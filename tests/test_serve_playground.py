@@ -25,6 +25,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from sqlrl.serve import create_app
 from tests.serve_helpers import (
+    CONCERT_DDL,
     COUNT_SQL,
     NAME_SQL,
     PAIRS,
@@ -164,6 +165,19 @@ def test_a_person_asks_runs_sees_rows_and_stores_a_correction(browser, site, tmp
             "SELECT db_id, question, predicted_sql, verdict, corrected_sql FROM feedback"
         ).fetchall()
     assert stored == [(DB, PAIRS[0][0], COUNT_SQL, "wrong", corrected)]
+
+    # a schema pasted as CREATE TABLE statements: the SQL, no database to run it on, a verdict
+    browser.find_element(By.ID, "source-ddl").click()
+    browser.find_element(By.ID, "ddl").send_keys(CONCERT_DDL)
+    ask(browser, PAIRS[4][0], NAME_SQL)
+    assert not browser.find_element(By.ID, "run").is_enabled()
+    browser.find_element(By.ID, "right").click()
+    wait_for(browser, lambda d: 'saved your "right"' in text(d, "feedback-status"), "the verdict")
+    with sqlite3.connect(feedback) as conn:
+        last = conn.execute(
+            "SELECT db_id, ddl, question, verdict FROM feedback WHERE id = 2"
+        ).fetchall()
+    assert last == [(None, CONCERT_DDL, PAIRS[4][0], "right")]
     severe = [
         e
         for e in browser.get_log("browser")
