@@ -7,8 +7,8 @@
 Prompts are built from the settings saved with the model (sqlrl_prompt.json, written by the
 sft stage), the completion goes through the same SQL extraction and schema repair as
 evaluation, and `answer(..., execute=True)` runs the SQL read-only on the Spider database.
-The HTTP server (sqlrl/serve) answers the same way (a test compares them); it keeps its own
-async copy of these steps so that repair and execution stay off its event loop.
+The HTTP server (sqlrl/serve) answers the same way, through the same functions (extract_sqls,
+answer_from; a test compares them), running each step off its event loop.
 """
 
 from __future__ import annotations
@@ -32,6 +32,47 @@ class Answer:
     votes: int | None = None  # with several samples: the size of the winning group
     vote: str | None = None  # "execution" (by result) or "sql_text"
     verdict: Verdict | None = None
+    chosen: int = 0  # the index of the chosen sample in `candidates`
+
+
+def extract_sqls(
+    texts: list[str], *, schema=None, question: str = "", repair: bool = False
+) -> list[str]:
+    """The SQL of each completion, as evaluation scores it: extracted from the text, and with
+    `repair` and a known schema, names the schema lacks mapped onto names it has."""
+    from sqlrl.sql.extract import extract_sql
+    from sqlrl.sql.schema_repair import repair_sql
+
+    sqls = [extract_sql(text) for text in texts]
+    if repair and schema is not None:
+        sqls = [repair_sql(sql, schema, question) for sql in sqls]
+    return sqls
+
+
+def choose(
+    sqls: list[str], verdicts: list[Verdict] | None = None
+) -> tuple[int, int | None, str | None]:
+    """(chosen index, votes, how) over the samples: by execution result when they were run,
+    else the most frequent SQL text (the first of a tie); one sample is chosen unvoted."""
+    from sqlrl.eval.voting import vote
+
+    if len(sqls) <= 1:
+        return 0, None, None
+    if verdicts is not None:
+        chosen, votes = vote(verdicts)
+        return chosen, votes, "execution"
+    counts = Counter(sqls)
+    votes = max(counts.values())
+    return next(i for i, sql in enumerate(sqls) if counts[sql] == votes), votes, "sql_text"
+
+
+def answer_from(texts: list[str], sqls: list[str], verdicts: list[Verdict] | None) -> Answer:
+    """The Answer for completions whose SQL is extracted (and run, when `verdicts`)."""
+    if not texts:
+        raise ValueError("no completion to answer from")
+    chosen, votes, how = choose(sqls, verdicts)
+    verdict = verdicts[chosen] if verdicts is not None else None
+    return Answer(sqls[chosen], texts[chosen], sqls, votes, how, verdict, chosen)
 
 
 def finish_answer(
@@ -44,32 +85,10 @@ def finish_answer(
 ) -> Answer:
     """Model completions -> the answer, as evaluation scores them: the SQL extracted, names
     the schema lacks repaired (when `repair` and the schema is known), and with several
-    samples a vote: by execution result when `execute` runs them, else by SQL text."""
-    from sqlrl.eval.voting import vote
-    from sqlrl.sql.extract import extract_sql
-    from sqlrl.sql.schema_repair import repair_sql
-
-    if not texts:
-        raise ValueError("no completion to answer from")
-    sqls = [extract_sql(text) for text in texts]
-    if repair and schema is not None:
-        sqls = [repair_sql(sql, schema, question) for sql in sqls]
-    verdicts = execute(sqls) if execute is not None else None
-    chosen, votes, how = 0, None, None
-    if len(sqls) > 1 and verdicts is not None:
-        (chosen, votes), how = vote(verdicts), "execution"
-    elif len(sqls) > 1:
-        counts = Counter(sqls)
-        votes, how = max(counts.values()), "sql_text"
-        chosen = next(i for i, sql in enumerate(sqls) if counts[sql] == votes)
-    return Answer(
-        sqls[chosen],
-        texts[chosen],
-        sqls,
-        votes,
-        how,
-        verdicts[chosen] if verdicts is not None else None,
-    )
+    samples a vote: by execution result when `execute` runs them, else by SQL text. The
+    server runs the same steps (extract_sqls, answer_from) with each one off its event loop."""
+    sqls = extract_sqls(texts, schema=schema, question=question, repair=repair)
+    return answer_from(texts, sqls, execute(sqls) if execute is not None else None)
 
 
 def default_spider_dir() -> Path:

@@ -9,7 +9,6 @@ installed here: its paths run against a stand-in module in sys.modules.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import json
 import re
@@ -30,130 +29,26 @@ from sqlrl.serve import PromptSettings, ServeConfig, create_app, schema_from_ddl
 from sqlrl.serve.backends import BackendOptions, BatchingBackend, Busy, make_backend
 from sqlrl.serve.prompting import PromptBuilder
 from tests.repo_tools import SPIDER_DIR
-
-SETTINGS = PromptSettings("compact", 0, "You are a text-to-SQL assistant.")
-COUNT_SQL = "SELECT count(*) FROM singer"
-NAME_SQL = "SELECT Name FROM stadium"
-PAIRS = [
-    ("How many singers do we have?", COUNT_SQL),
-    ("What is the total number of singers?", COUNT_SQL),
-    ("Count the singers.", COUNT_SQL),
-    ("List the names of all stadiums.", NAME_SQL),
-    ("What are the stadium names?", NAME_SQL),
-    ("Show every stadium name.", NAME_SQL),
-]
-CONCERT_DDL = """
-CREATE TABLE stadium (Stadium_ID INT PRIMARY KEY, Location TEXT, Name TEXT, Capacity INT,
-  Highest INT, Lowest INT, Average INT);
-CREATE TABLE singer (Singer_ID INT, Name TEXT, Country TEXT, Song_Name TEXT,
-  Song_release_year TEXT, Age INT, Is_male BOOLEAN, PRIMARY KEY (Singer_ID));
-CREATE TABLE concert (concert_ID INT PRIMARY KEY, concert_Name TEXT, Theme TEXT,
-  Stadium_ID TEXT REFERENCES stadium(Stadium_ID), Year TEXT);
-CREATE TABLE singer_in_concert (concert_ID INT, Singer_ID TEXT,
-  PRIMARY KEY (concert_ID, Singer_ID),
-  FOREIGN KEY (concert_ID) REFERENCES concert(concert_ID),
-  FOREIGN KEY (Singer_ID) REFERENCES singer(Singer_ID));
-CREATE INDEX ignored ON singer(Name);
-"""
-
+from tests.serve_helpers import (
+    CONCERT_DDL,
+    COUNT_SQL,
+    NAME_SQL,
+    PAIRS,
+    SETTINGS,
+    tiny_arch,
+    trained_model,
+)
+from tests.serve_helpers import save_prompt_settings as _save_prompt_settings
+from tests.serve_helpers import serve_config as _config
+from tests.serve_helpers import serving as _serving
 
 # --------------------------------------------------------------------------- fixtures
-
-
-def _save_prompt_settings(model_dir, settings: PromptSettings) -> None:
-    """What the sft stage does: the prompt settings of training saved with the model."""
-    from sqlrl.params import load_params
-
-    prepare = dataclasses.replace(
-        load_params().prepare,
-        schema_format=settings.schema_format,
-        sample_rows=settings.sample_rows,
-        system_prompt=settings.system_prompt,
-        mark_schema_mentions=settings.mark_schema_mentions,
-        max_prompt_tokens=settings.max_prompt_tokens,
-    )
-    write_prompt_settings(model_dir, prepare, settings.schema_repair)
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A tiny model trained until it answers PAIRS exactly (greedy), saved like models/final."""
-    from sqlrl.data.prompts import render_prompt
-    from sqlrl.model.modeling import build_scratch_model, to_transformers_tokenizer, train_tokenizer
-    from sqlrl.params import ArchitectureParams
-
-    builder = PromptBuilder(SETTINGS, SPIDER_DIR)
-    messages = [builder.messages(q, db_id="concert_singer") for q, _ in PAIRS]
-    texts = [m["content"] for ms in messages for m in ms] + [sql for _, sql in PAIRS]
-    arch = ArchitectureParams(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        vocab_size=400,
-    )
-    tokenizer = to_transformers_tokenizer(train_tokenizer(texts * 5, arch.vocab_size))
-    model = build_scratch_model(arch, tokenizer, seed=0)
-    seqs = [
-        (
-            tokenizer(render_prompt(tokenizer, m), add_special_tokens=False)["input_ids"],
-            tokenizer(sql + "<|im_end|>", add_special_tokens=False)["input_ids"],
-        )
-        for m, (_, sql) in zip(messages, PAIRS, strict=False)
-    ]
-    width = max(len(a) + len(b) for a, b in seqs)
-    ids = torch.full((len(seqs), width), tokenizer.pad_token_id)
-    labels = torch.full((len(seqs), width), -100)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, (a, b) in enumerate(seqs):
-        ids[i, : len(a) + len(b)] = torch.tensor(a + b)
-        mask[i, : len(a) + len(b)] = 1
-        labels[i, len(a) : len(a) + len(b)] = torch.tensor(b)
-    torch.manual_seed(0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-3)
-    model.train()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices: one thread is fastest, and robust on a busy CPU
-    try:
-        exact_steps = _train(model, optimizer, ids, mask, labels)
-    finally:
-        torch.set_num_threads(threads)
-    assert exact_steps >= 3, "the fixture model did not learn its completions"
-    path = tmp_path_factory.mktemp("served_model")
-    model.eval().save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    _save_prompt_settings(path, SETTINGS)
-    return path
-
-
-def _train(model, optimizer, ids, mask, labels) -> int:
-    """Full-weight steps until every completion token is the argmax three steps running."""
-    exact_steps = 0
-    for _ in range(300):
-        out = model(input_ids=ids, attention_mask=mask, labels=labels)
-        pred, target = out.logits[:, :-1].argmax(-1), labels[:, 1:]
-        scored = target != -100
-        exact_steps = exact_steps + 1 if bool((pred[scored] == target[scored]).all()) else 0
-        if exact_steps >= 3:  # every completion token is the argmax, with a margin
-            break
-        optimizer.zero_grad()
-        out.loss.backward()
-        optimizer.step()
-    return exact_steps
-
-
-def _config(model_dir, **kw) -> ServeConfig:
-    base = dict(
-        model=str(model_dir),
-        spider_dir=str(SPIDER_DIR),
-        max_new_tokens=24,
-        max_batch_size=8,
-        request_timeout_s=60.0,
-        warmup=False,
-    )
-    return ServeConfig(**{**base, **kw})
+    return trained_model(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -986,17 +881,8 @@ def penalised(tmp_path_factory, tokenizer):
     from transformers import GenerationConfig
 
     from sqlrl.model.modeling import build_scratch_model
-    from sqlrl.params import ArchitectureParams
 
-    arch = ArchitectureParams(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        vocab_size=400,
-    )
+    arch = tiny_arch()
     model = build_scratch_model(arch, tokenizer, seed=3)
     torch.manual_seed(3)
     with torch.no_grad():  # wider weights than the init's: varied logits, so a penalty shows
@@ -1126,29 +1012,6 @@ def test_module_app_is_built_from_env_without_loading_a_model(monkeypatch, train
     with pytest.raises(SystemExit, match="SQLRL_MAX_QUEUE"):
         config_from_env({"SQLRL_MAX_QUEUE": "many"})
     assert serve.main(["--model", str(trained / "absent")]) == 2
-
-
-@contextlib.contextmanager
-def _serving(app):
-    """`app` on a real uvicorn server with the settings `python -m sqlrl.serve` runs
-    (cli.uvicorn_config), in a thread; yields the base URL."""
-    import uvicorn
-
-    from sqlrl.serve.cli import uvicorn_config
-
-    server = uvicorn.Server(uvicorn_config(app, port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while not server.started:
-            assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-    assert not thread.is_alive()
 
 
 def test_real_uvicorn_server_answers_32_concurrent_requests(trained):

@@ -6,6 +6,9 @@
 `POST /generate` {"question": ..., and one of "schema_str" | "db_id" | "ddl"} -> {"sql": ...};
 optional "execute" (db_id only: rows from the read-only executor), "max_new_tokens",
 "temperature", "num_samples" (execution-based voting when executing), "seed", "max_rows".
+`POST /v1/chat/completions`: the OpenAI chat API over the same answer path (openai_api.py).
+`GET /`: the playground page, with `POST /execute` (run SQL read-only) and `POST /feedback`
+(judgements into --feedback-db, exported by `python -m sqlrl.feedback export`; playground.py).
 `GET /health`, `GET /v1/models`, `GET /databases`.
 
 Prompts are built by sqlrl.data.prompts with the prompt settings saved in the model folder

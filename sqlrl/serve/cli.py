@@ -60,6 +60,9 @@ _HELP = {
     "seed": "sampling seed when a request gives none",
     "exec_timeout_s": "time limit of one read-only execution of an answer (execute: true)",
     "max_rows": "rows an executed answer returns at most (a request may ask fewer)",
+    "feedback_db": "SQLite file that POST /feedback and the playground store judgements in "
+    "(created when absent; export them with `python -m sqlrl.feedback export`); unset: "
+    "feedback is off",
     "warmup": "one short generation at start-up, so the first request is not the slow one",
 }
 

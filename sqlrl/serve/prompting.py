@@ -31,12 +31,20 @@ DB_ID_PATTERN = re.compile(r"[A-Za-z0-9_]{1,128}")
 class InputError(ValueError):
     """The request cannot be served as given; `status` is the HTTP status to answer with."""
 
-    def __init__(self, message: str, status: int = 422):
+    def __init__(self, message: str, status: int = 422, param: str | None = None):
         super().__init__(message)
         self.status = status
+        self.param = param  # the request field at fault, where one is
 
 
 # --------------------------------------------------------------------------- DDL
+
+
+class DDLError(InputError):
+    """The `ddl` of a request cannot be used; the message says why."""
+
+    def __init__(self, message: str):
+        super().__init__(f"ddl: {message}", 422, "ddl")
 
 
 def _spider_type(kind) -> str:
@@ -82,11 +90,11 @@ def schema_from_ddl(ddl: str, db_id: str = "ddl") -> Schema:
     try:
         statements = sqlglot.parse(ddl, read="sqlite")
     except SqlglotError as exc:
-        raise InputError(
-            f"ddl: cannot parse the CREATE TABLE statements: {str(exc).splitlines()[0][:300]}"
+        raise DDLError(
+            f"cannot parse the CREATE TABLE statements: {str(exc).splitlines()[0][:300]}"
         ) from None
     except RecursionError:
-        raise InputError("ddl: nested too deeply to parse") from None
+        raise DDLError("nested too deeply to parse") from None
     tables: list[Table] = []
     foreign_keys: list[ForeignKey] = []
     for stmt in statements:
@@ -94,7 +102,7 @@ def schema_from_ddl(ddl: str, db_id: str = "ddl") -> Schema:
             continue
         target = stmt.this
         if not isinstance(target, exp.Schema):  # CREATE TABLE ... AS SELECT: no column list
-            raise InputError(f"ddl: CREATE TABLE {_name(target)} has no column list")
+            raise DDLError(f"CREATE TABLE {_name(target)} has no column list")
         table_name = _name(target.this)
         columns: list[tuple[str, str, bool]] = []
         primary: set[str] = set()
@@ -137,12 +145,12 @@ def schema_from_ddl(ddl: str, db_id: str = "ddl") -> Schema:
                     ref_col = ref_cols[i] if i < len(ref_cols) else _name(col)
                     foreign_keys.append(ForeignKey(table_name, _name(col), ref_table, ref_col))
         if not columns:
-            raise InputError(f"ddl: table {table_name!r} has no columns")
+            raise DDLError(f"table {table_name!r} has no columns")
         tables.append(
             Table(table_name, tuple(Column(n, t, pk or n in primary) for n, t, pk in columns))
         )
     if not tables:
-        raise InputError("ddl: no CREATE TABLE statement found")
+        raise DDLError("no CREATE TABLE statement found")
     return Schema(db_id, tuple(tables), tuple(foreign_keys))
 
 
@@ -202,14 +210,16 @@ class PromptBuilder:
         """The database file of a valid `db_id` (a 404 naming it when unknown or absent)."""
         if not DB_ID_PATTERN.fullmatch(db_id):
             raise InputError(
-                f"db_id {db_id[:80]!r} is not a database name (letters, digits and _ only)"
+                f"db_id {db_id[:80]!r} is not a database name (letters, digits and _ only)",
+                param="db_id",
             )
         if not self.schemas:
-            raise InputError(f"db_id {db_id!r} cannot be used: {self.spider_error}", 503)
+            raise InputError(f"db_id {db_id!r} cannot be used: {self.spider_error}", 503, "db_id")
         if db_id not in self.schemas:
             raise InputError(
                 f"unknown db_id {db_id!r}: not in {self.where['tables']} ({self.where['list']})",
                 404,
+                "db_id",
             )
         path = self.db_path(db_id)
         if need_file and not path.is_file():
@@ -217,6 +227,7 @@ class PromptBuilder:
                 f"database {db_id!r} is in tables.json but its SQLite file is "
                 f"absent from {self.where['files']}",
                 404,
+                "db_id",
             )
         return path
 

@@ -32,11 +32,21 @@ from pathlib import Path
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from sqlrl.data.prompt_settings import PromptSettings, PromptSettingsError
 from sqlrl.serve.backends import BackendOptions, Busy, NotReady, make_backend
+from sqlrl.serve.http_errors import (
+    CLOSE,
+    HTTPError,
+    check_text,
+    error_body,
+    validation_message,
+    validation_param,
+)
 from sqlrl.serve.prompting import InputError, PromptBuilder
+from sqlrl.text_to_sql import Answer, answer_from, extract_sqls
 
 log = logging.getLogger("sqlrl.serve")
 
@@ -88,6 +98,8 @@ class ServeConfig:
     # execution
     exec_timeout_s: float = 5.0
     max_rows: int = 100  # rows returned at most (a request may ask fewer)
+    # feedback (POST /feedback, the playground): a SQLite file; None: feedback is off
+    feedback_db: str | None = None
     warmup: bool = True  # one short generation at startup (first call is slow)
 
     def backend_options(self) -> BackendOptions:
@@ -158,47 +170,6 @@ class GenerateRequest(BaseModel):
     max_rows: int | None = None
 
 
-# --------------------------------------------------------------------------- errors
-
-
-class HTTPError(Exception):
-    def __init__(self, status: int, message: str, headers: dict | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.headers = headers
-
-
-CLOSE = {"connection": "close"}  # the rest of a refused request is not read: do not reuse
-
-
-def _validation_message(exc: ValidationError) -> str:
-    parts = []
-    for err in exc.errors():
-        loc = ".".join(str(x) for x in err.get("loc", ())) or "body"
-        msg = err.get("msg", "invalid")
-        if err.get("type") == "extra_forbidden":
-            msg = (
-                "unknown field (allowed: question, schema_str, db_id, ddl, execute, "
-                "max_new_tokens, temperature, num_samples, seed, max_rows)"
-            )
-        parts.append(f"{loc}: {msg}")
-    return "; ".join(parts)
-
-
-def _check_text(name: str, value: str, limit: int) -> None:
-    if len(value) > limit:
-        raise HTTPError(
-            413, f"{name} is {len(value)} characters, over the server's limit of {limit}"
-        )
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise HTTPError(
-            400, f"{name} is not valid Unicode text ({exc.reason} at position {exc.start})"
-        ) from None
-
-
 # --------------------------------------------------------------------------- JSON-safe rows
 
 
@@ -218,6 +189,78 @@ def _json_value(value):
 
 def _json_rows(rows) -> list[list]:
     return [[_json_value(v) for v in row] for row in rows]
+
+
+# --------------------------------------------------------------------------- bodies
+
+
+def json_object(body: bytes, example: str) -> dict:
+    """A request body as a JSON object, or a 400/422 saying why it is not one (empty, not
+    UTF-8, not JSON, nested past the parser, a number longer than Python converts)."""
+    if not body.strip():
+        raise HTTPError(400, f"empty request body: send a JSON object such as {example}")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HTTPError(
+            400, f"request body is not valid UTF-8 (byte {exc.start}: {exc.reason})"
+        ) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise HTTPError(400, f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise HTTPError(400, "request body is nested too deeply") from None
+    except ValueError:  # an integer longer than Python converts
+        raise HTTPError(
+            400, f"request body has a number of more than {sys.get_int_max_str_digits()} digits"
+        ) from None
+    if not isinstance(data, dict):
+        raise HTTPError(422, f"request body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def verdict_body(verdict) -> dict:
+    """An execution verdict as JSON: status and error, and for a query that ran its columns,
+    rows (JSON-safe) and whether they stop at the row limit."""
+    return {
+        "verdict": {"status": verdict.status, "error": verdict.error},
+        "columns": list(verdict.columns) if verdict.columns is not None else None,
+        "rows": _json_rows(verdict.rows) if verdict.rows is not None else None,
+        "truncated": bool(verdict.truncated),
+    }
+
+
+@dataclass
+class Served:
+    """What one request's answer path produced, for the route to shape its response."""
+
+    answer: Answer  # the chosen SQL, every sample's SQL, the vote and the verdict
+    texts: list[str]  # every completion, in sample order
+    prompt_tokens: int
+    generation_s: float
+    opts: dict  # the settings it was generated with (settings_for)
+
+
+def generate_body(req: GenerateRequest, served: Served) -> dict:
+    """The /generate response: the chosen SQL and completion, with several samples the vote
+    and every candidate, with execution the verdict and rows, and the usage."""
+    a = served.answer
+    out = {"sql": a.sql, "completion": a.completion}
+    if a.vote is not None:
+        out.update(votes=a.votes, vote=a.vote)
+    if len(a.candidates) > 1:
+        out["num_samples"] = len(a.candidates)
+        out["candidates"] = a.candidates
+    if a.verdict is not None:
+        out.update(verdict_body(a.verdict))
+    if req.db_id is not None:
+        out["db_id"] = req.db_id
+    out["usage"] = {
+        "prompt_tokens": served.prompt_tokens,
+        "generation_seconds": round(served.generation_s, 4),
+    }
+    return out
 
 
 # --------------------------------------------------------------------------- the app
@@ -276,44 +319,67 @@ class Service:
 
     # ------------------------------------------------------------------ one request
     def settings_for(self, req: GenerateRequest) -> dict:
+        """The generation settings of a request within the server's bounds (a 422 naming the
+        field otherwise); what a request leaves out comes from the server's defaults."""
         c = self.config
         max_new = c.max_new_tokens if req.max_new_tokens is None else req.max_new_tokens
         if not 1 <= max_new <= c.max_new_tokens_limit:
             raise HTTPError(
-                422, f"max_new_tokens must be between 1 and {c.max_new_tokens_limit}, got {max_new}"
+                422,
+                f"max_new_tokens must be between 1 and {c.max_new_tokens_limit}, got {max_new}",
+                param="max_new_tokens",
             )
         n = 1 if req.num_samples is None else req.num_samples
         if not 1 <= n <= c.max_num_samples:
-            raise HTTPError(422, f"num_samples must be between 1 and {c.max_num_samples}, got {n}")
-        if req.temperature is None:
-            temperature = c.sample_temperature if n > 1 else 0.0
-        else:
-            temperature = float(req.temperature)
-        if not (
-            math.isfinite(temperature)
-            and (temperature == 0.0 or MIN_TEMPERATURE <= temperature <= c.max_temperature)
-        ):
             raise HTTPError(
                 422,
-                f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} "
-                f"and {c.max_temperature:g}, got {req.temperature}",
+                f"num_samples must be between 1 and {c.max_num_samples}, got {n}",
+                param="num_samples",
             )
-        if n > 1 and temperature == 0.0:
-            raise HTTPError(
-                422, "num_samples > 1 needs a temperature > 0 (greedy decoding gives one answer)"
-            )
+        temperature = self.temperature_for(req.temperature, n)
         max_rows = c.max_rows if req.max_rows is None else req.max_rows
         if not 0 <= max_rows <= c.max_rows:
-            raise HTTPError(422, f"max_rows must be between 0 and {c.max_rows}, got {max_rows}")
+            raise HTTPError(
+                422,
+                f"max_rows must be between 0 and {c.max_rows}, got {max_rows}",
+                param="max_rows",
+            )
         seed = c.seed if req.seed is None else req.seed
         if not 0 <= seed < 2**32:
-            raise HTTPError(422, f"seed must be between 0 and 2**32 - 1, got {seed}")
+            raise HTTPError(422, f"seed must be between 0 and 2**32 - 1, got {seed}", param="seed")
         return dict(
             max_new_tokens=max_new, n=n, temperature=temperature, seed=seed, max_rows=max_rows
         )
 
-    def prompt_for(self, req: GenerateRequest) -> tuple[str, Path | None]:
-        """The rendered prompt and, for an execute request, the database file."""
+    def temperature_for(self, asked: float | None, n: int) -> float:
+        """0 (greedy) or MIN_TEMPERATURE..--max-temperature; unasked, greedy for one sample and
+        --sample-temperature for several (greedy decoding gives one answer however often)."""
+        if asked is None:
+            return self.config.sample_temperature if n > 1 else 0.0
+        temperature = float(asked)
+        if not (
+            math.isfinite(temperature)
+            and (
+                temperature == 0.0 or MIN_TEMPERATURE <= temperature <= self.config.max_temperature
+            )
+        ):
+            raise HTTPError(
+                422,
+                f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} "
+                f"and {self.config.max_temperature:g}, got {asked}",
+                param="temperature",
+            )
+        if n > 1 and temperature == 0.0:
+            raise HTTPError(
+                422,
+                "num_samples > 1 needs a temperature > 0 (greedy decoding gives one answer)",
+                param="temperature",
+            )
+        return temperature
+
+    def check_request_text(self, req: GenerateRequest) -> str:
+        """The question, NFC-normalised and stripped, once every text field is within its
+        limit and valid Unicode and exactly one schema form is given."""
         c = self.config
         given = [k for k in ("schema_str", "db_id", "ddl") if getattr(req, k) is not None]
         if len(given) != 1:
@@ -322,31 +388,37 @@ class Service:
                 "give exactly one of schema_str, db_id or ddl"
                 + (f" (got {', '.join(given)})" if given else ""),
             )
-        _check_text("question", req.question, c.max_question_chars)
+        check_text("question", req.question, c.max_question_chars)
         question = unicodedata.normalize("NFC", req.question).strip()
         if not question:
-            raise HTTPError(422, "question is empty")
+            raise HTTPError(422, "question is empty", param="question")
         for key, limit in (("schema_str", c.max_schema_chars), ("ddl", c.max_ddl_chars)):
             value = getattr(req, key)
             if value is not None:
-                _check_text(key, value, limit)
+                check_text(key, value, limit)
                 if not value.strip():
-                    raise HTTPError(422, f"{key} is empty")
+                    raise HTTPError(422, f"{key} is empty", param=key)
         if req.db_id is not None:
-            _check_text("db_id", req.db_id, 128)
+            check_text("db_id", req.db_id, 128)
         if req.execute and req.db_id is None:
             raise HTTPError(
                 422,
                 "execute needs a db_id: only databases of the server's "
                 "Spider directory can be queried",
+                param="execute",
             )
+        return question
+
+    def prompt_for(self, req: GenerateRequest) -> tuple[str, Path | None]:
+        """The rendered prompt and, for an execute request, the database file."""
+        question = self.check_request_text(req)
         try:
             db_path = self.prompts.check_db_id(req.db_id, need_file=True) if req.execute else None
             messages = self.prompts.messages(
                 question, schema_str=req.schema_str, db_id=req.db_id, ddl=req.ddl
             )
         except InputError as exc:
-            raise HTTPError(exc.status, str(exc)) from None
+            raise HTTPError(exc.status, str(exc), param=exc.param) from None
         from sqlrl.data.prompts import render_prompt
 
         return render_prompt(self.backend.tokenizer, messages), db_path
@@ -360,7 +432,7 @@ class Service:
         if context and (not limit or context - max_new_tokens < limit):
             limit = context - max_new_tokens
             why = f"the model's context of {context} tokens minus max_new_tokens {max_new_tokens}"
-        n_tokens = len(self.backend.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        n_tokens = self.count_tokens(prompt)
         if limit and n_tokens > limit:
             raise HTTPError(
                 413,
@@ -369,20 +441,19 @@ class Service:
             )
         return n_tokens
 
-    def repaired(self, req: GenerateRequest, sqls: list[str]) -> list[str]:
-        """Schema repair (eval.schema_repair) where the request's schema is known."""
-        from sqlrl.sql.schema_repair import repair_sql
+    def count_tokens(self, text: str) -> int:
+        return len(self.backend.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-        schema = self.prompts.schema(db_id=req.db_id, ddl=req.ddl)
-        if schema is None:
-            return sqls
-        return [repair_sql(sql, schema, req.question) for sql in sqls]
+    def sqls_for(self, req: GenerateRequest, texts: list[str]) -> list[str]:
+        """The SQL of each completion through evaluation's extraction and, where the request's
+        schema is known (db_id, ddl), its schema repair (eval.schema_repair)."""
+        repair = self.settings.schema_repair
+        schema = self.prompts.schema(db_id=req.db_id, ddl=req.ddl) if repair else None
+        return extract_sqls(texts, schema=schema, question=req.question, repair=repair)
 
-    async def generate(self, req: GenerateRequest) -> dict:
-        from sqlrl.sql.extract import extract_sql
-
-        opts, prompt, db_path, n_tokens = await self.off_loop(self.prepare, req)
-        t0 = time.perf_counter()
+    async def complete(self, prompt: str, opts: dict) -> list[str]:
+        """The backend's completions within --request-timeout-s; its failures become the HTTP
+        statuses a client can act on (504 late, 503 busy or not ready, 500 anything else)."""
         try:
             texts = await asyncio.wait_for(
                 self.backend.complete(
@@ -398,48 +469,31 @@ class Service:
             raise HTTPError(
                 504, f"generation did not finish within {self.config.request_timeout_s:g} s"
             ) from None
-        except Busy as exc:
-            raise HTTPError(503, str(exc)) from None
-        except NotReady as exc:
+        except (Busy, NotReady) as exc:
             raise HTTPError(503, str(exc)) from None
         except Exception:  # noqa: BLE001 - the model failed, the server does not
             log.exception("generation failed")
             raise HTTPError(500, "generation failed (the server log has the details)") from None
         if not texts:
             raise HTTPError(500, "generation failed: the backend returned no completion")
+        return texts
+
+    async def answer(self, req: GenerateRequest) -> Served:
+        """One request through the answer path every front end shares (/generate, the OpenAI
+        API, the playground): prompt, completions, SQL, execution when asked, vote."""
+        opts, prompt, db_path, n_tokens = await self.off_loop(self.prepare, req)
+        t0 = time.perf_counter()
+        texts = await self.complete(prompt, opts)
         gen_s = time.perf_counter() - t0
-        sqls = [extract_sql(t) for t in texts]
-        if self.settings.schema_repair:
-            sqls = await self.off_loop(self.repaired, req, sqls)
-        out = {"sql": sqls[0], "completion": texts[0]}
+        sqls = await self.off_loop(self.sqls_for, req, texts)
         verdicts = None
-        chosen = 0
         if db_path is not None:
             verdicts = await asyncio.to_thread(self._execute_all, db_path, sqls, opts["max_rows"])
-            if len(sqls) > 1:
-                from sqlrl.eval.voting import vote
+        return Served(answer_from(texts, sqls, verdicts), texts, n_tokens, gen_s, opts)
 
-                chosen, votes = vote(verdicts)
-                out.update(votes=votes, vote="execution")
-        elif len(sqls) > 1:  # no database to run them on: the most frequent SQL text wins
-            counts = Counter(sqls)
-            best = max(counts.values())
-            chosen = next(i for i, s in enumerate(sqls) if counts[s] == best)
-            out.update(votes=best, vote="sql_text")
-        out.update(sql=sqls[chosen], completion=texts[chosen])
-        if len(sqls) > 1:
-            out["num_samples"] = len(sqls)
-            out["candidates"] = sqls
-        if verdicts is not None:
-            v = verdicts[chosen]
-            out["verdict"] = {"status": v.status, "error": v.error}
-            out["columns"] = list(v.columns) if v.columns is not None else None
-            out["rows"] = _json_rows(v.rows) if v.rows is not None else None
-            out["truncated"] = bool(v.truncated)
-        if req.db_id is not None:
-            out["db_id"] = req.db_id
-        out["usage"] = {"prompt_tokens": n_tokens, "generation_seconds": round(gen_s, 4)}
-        return out
+    async def generate(self, req: GenerateRequest) -> dict:
+        """The /generate response for a request."""
+        return generate_body(req, await self.answer(req))
 
     def prepare(self, req: GenerateRequest) -> tuple[dict, str, Path | None, int]:
         """Settings, prompt, database file and prompt tokens of a request: the CPU work
@@ -467,12 +521,33 @@ class Service:
             task.cancel()
 
     def _execute_all(self, db_path: Path, sqls: list[str], max_rows: int):
+        """Each SQL run read-only by this thread's sandboxed executor (sqlrl.sql.executor)."""
         from sqlrl.sql.executor import ExecLimits, default_executor
 
         executor = default_executor(ExecLimits(timeout_s=self.config.exec_timeout_s))
         return [executor.execute(db_path, sql, stop_after=max_rows) for sql in sqls]
 
-    async def parse_body(self, request) -> GenerateRequest:
+    async def run_sql(self, db_id: str, sql: str, max_rows: int | None) -> dict:
+        """A query someone wrote or corrected (the playground's Run), on a database of the
+        server's Spider directory, through the executor that runs model answers: read-only,
+        time- and size-bounded, at most `max_rows` rows (--max-rows at most)."""
+        c = self.config
+        rows = c.max_rows if max_rows is None else max_rows
+        if not 0 <= rows <= c.max_rows:
+            raise HTTPError(
+                422, f"max_rows must be between 0 and {c.max_rows}, got {rows}", param="max_rows"
+            )
+        try:
+            db_path = self.prompts.check_db_id(db_id, need_file=True)
+        except InputError as exc:
+            raise HTTPError(exc.status, str(exc), param="db_id") from None
+        (verdict,) = await asyncio.to_thread(self._execute_all, db_path, [sql], rows)
+        return {"db_id": db_id, **verdict_body(verdict)}
+
+    # ------------------------------------------------------------------ request bodies
+    async def read_body(self, request: Request) -> bytes:
+        """The raw body, refused past --max-body-bytes (413, declared or counted) or when it
+        does not arrive within --body-timeout-s (408); both close the connection."""
         limit = self.config.max_body_bytes
         declared = request.headers.get("content-length")
         if (
@@ -500,35 +575,21 @@ class Service:
             ) from None
         except ClientDisconnect:
             raise HTTPError(499, "the client closed the connection") from None
-        body = b"".join(chunks)
-        if not body.strip():
-            raise HTTPError(
-                400,
-                "empty request body: send a JSON object such as "
-                '{"question": "...", "db_id": "..."}',
-            )
+        return b"".join(chunks)
+
+    async def parse_body(self, request, model: type[BaseModel] = None, example: str = ""):
+        """The body as a `model` (GenerateRequest by default): a JSON object in UTF-8 that
+        the strict model accepts, or a 4xx saying what is wrong with it."""
+        model = model or GenerateRequest
+        data = json_object(
+            await self.read_body(request), example or '{"question": "...", "db_id": "..."}'
+        )
         try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise HTTPError(
-                400, f"request body is not valid UTF-8 (byte {exc.start}: {exc.reason})"
-            ) from None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise HTTPError(400, f"request body is not valid JSON: {exc}") from None
-        except RecursionError:
-            raise HTTPError(400, "request body is nested too deeply") from None
-        except ValueError:  # an integer longer than Python converts
-            raise HTTPError(
-                400, f"request body has a number of more than {sys.get_int_max_str_digits()} digits"
-            ) from None
-        if not isinstance(data, dict):
-            raise HTTPError(422, f"request body must be a JSON object, got {type(data).__name__}")
-        try:
-            return GenerateRequest.model_validate(data)
+            return model.model_validate(data)
         except ValidationError as exc:
-            raise HTTPError(422, _validation_message(exc)) from None
+            raise HTTPError(
+                422, validation_message(exc, list(model.model_fields)), param=validation_param(exc)
+            ) from None
 
     # ------------------------------------------------------------------ info
     def health(self) -> dict:
@@ -549,6 +610,23 @@ class Service:
             **(b.info() if b is not None else {}),
         }
 
+    def model_name(self) -> str:
+        """The served model's name: its folder's, never the server's path to it."""
+        return Path(self.config.model).name or self.config.model
+
+    def model_card(self) -> dict:
+        """The served model as OpenAI's /v1/models lists one."""
+        name = self.model_name()
+        return {
+            "id": name,
+            "object": "model",
+            "created": int(self.started),
+            "owned_by": "sqlrl",
+            "root": name,
+            "backend": getattr(self.backend, "name", None),
+            "max_new_tokens_limit": self.config.max_new_tokens_limit,
+        }
+
 
 class HeaderLimit:
     """A 431 for a request line and headers over `limit` bytes. (Alone, uvicorn's h11 answers
@@ -567,11 +645,11 @@ class HeaderLimit:
             )
             if size > self.limit:
                 self.counts["431"] += 1
+                message = (
+                    f"request headers are {size} bytes, over the server's limit of {self.limit}"
+                )
                 response = JSONResponse(
-                    {
-                        "detail": f"request headers are {size} bytes, over the server's limit "
-                        f"of {self.limit}"
-                    },
+                    error_body(scope.get("path", ""), 431, message),
                     status_code=431,
                     headers=CLOSE,
                 )
@@ -592,13 +670,40 @@ def create_app(
     `backend` injects a ready backend (tests: a BatchingBackend around any Generator);
     `overrides` are ServeConfig fields (`create_app(model="models/sft", max_batch_size=4)`).
     """
-    config = config or ServeConfig()
-    if overrides:
-        unknown = set(overrides) - set(ServeConfig.field_names())
-        if unknown:
-            raise TypeError(f"unknown ServeConfig field(s): {', '.join(sorted(unknown))}")
-        config = ServeConfig(**{**asdict(config), **overrides})
+    from sqlrl.serve import openai_api, playground
+
+    config = _with_overrides(config or ServeConfig(), overrides)
     service = Service(config, backend, prompt_settings)
+    app = FastAPI(
+        title="sqlrl text-to-SQL",
+        version="1",
+        lifespan=_lifespan(service),
+        summary="Text-to-SQL with a model fine-tuned on Spider",
+    )
+    app.state.service = service
+    app.add_middleware(HeaderLimit, limit=config.max_header_bytes, counts=service.counts)
+    _install_error_handlers(app, service)
+    guard = KeyGuard(config.api_key)
+    keyed = [Depends(guard.require)]
+    _add_generate_route(app, service, keyed)
+    _add_info_routes(app, service, guard, keyed)
+    openai_api.add_routes(app, service, keyed)
+    playground.add_routes(app, service, keyed)
+    return app
+
+
+def _with_overrides(config: ServeConfig, overrides: dict) -> ServeConfig:
+    """`config` with some fields replaced; an unknown name is a TypeError, not ignored."""
+    if not overrides:
+        return config
+    unknown = set(overrides) - set(ServeConfig.field_names())
+    if unknown:
+        raise TypeError(f"unknown ServeConfig field(s): {', '.join(sorted(unknown))}")
+    return ServeConfig(**{**asdict(config), **overrides})
+
+
+def _lifespan(service: Service):
+    """Load the model when the server starts, release it when it stops."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -608,89 +713,98 @@ def create_app(
         finally:
             await service.close()
 
-    app = FastAPI(
-        title="sqlrl text-to-SQL",
-        version="1",
-        lifespan=lifespan,
-        summary="Text-to-SQL with a model fine-tuned on Spider",
-    )
-    app.state.service = service
+    return lifespan
 
-    app.add_middleware(HeaderLimit, limit=config.max_header_bytes, counts=service.counts)
+
+def _install_error_handlers(app: FastAPI, service: Service) -> None:
+    """Every refusal counted and answered in the shape its route's clients read (OpenAI's
+    under /v1/, `detail` elsewhere), Starlette's own 404 and 405 included."""
 
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, exc: HTTPError):
         service.counts[str(exc.status)] += 1
-        return JSONResponse({"detail": exc.message}, status_code=exc.status, headers=exc.headers)
+        body = error_body(request.url.path, exc.status, exc.message, exc.param)
+        return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
-    def authorized(request: Request) -> bool:
-        if not config.api_key:
+    @app.exception_handler(StarletteHTTPException)
+    async def _starlette_error(request: Request, exc: StarletteHTTPException):
+        service.counts[str(exc.status_code)] += 1
+        body = error_body(request.url.path, exc.status_code, str(exc.detail))
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+
+class KeyGuard:
+    """--api-key: every route but /health (and the static page and docs) needs
+    `Authorization: Bearer <key>`; compared in constant time."""
+
+    def __init__(self, api_key: str | None):
+        self.api_key = api_key
+
+    def authorized(self, request: Request) -> bool:
+        if not self.api_key:
             return True
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
         return scheme.lower() == "bearer" and secrets.compare_digest(
-            token.strip().encode("latin-1"), config.api_key.encode("utf-8")
+            token.strip().encode("latin-1"), self.api_key.encode("utf-8")
         )
 
-    async def require_key(request: Request) -> None:
-        """--api-key: every route but /health needs `Authorization: Bearer <key>`."""
-        if not authorized(request):
+    async def require(self, request: Request) -> None:
+        if not self.authorized(request):
             raise HTTPError(
                 401,
                 "missing or wrong API key: send Authorization: Bearer <key>",
                 {"www-authenticate": "Bearer"},
             )
 
-    keyed = [Depends(require_key)]
 
-    @app.post(
-        "/generate",
-        dependencies=keyed,
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/json": {"schema": GenerateRequest.model_json_schema()}},
-            }
-        },
-    )
+async def guarded(service: Service, route: str, work):
+    """`await work()` for a route: an HTTPError passes through as it is; anything else is a
+    bug or a broken dependency, logged in full and answered with a 500 naming nothing."""
+    try:
+        result = await work()
+    except HTTPError:
+        raise
+    except Exception:  # noqa: BLE001 - a bug or a broken dependency: logged, not shown
+        log.exception("%s failed", route)
+        raise HTTPError(500, "internal server error (the server log has the details)") from None
+    service.counts["200"] += 1
+    return result
+
+
+def json_body_schema(model: type[BaseModel]) -> dict:
+    """OpenAPI's request body for a route that parses its body by hand (/docs shows it)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": model.model_json_schema()}},
+        }
+    }
+
+
+def _add_generate_route(app: FastAPI, service: Service, keyed: list) -> None:
+    @app.post("/generate", dependencies=keyed, openapi_extra=json_body_schema(GenerateRequest))
     async def generate(request: Request):
         """SQL for a question about a schema (schema_str, db_id or ddl); see the README."""
-        try:
-            req = await service.parse_body(request)
-            result = await service.unless_disconnected(request, service.generate(req))
-        except HTTPError:
-            raise
-        except Exception:  # noqa: BLE001 - a bug or a broken dependency: logged, not shown
-            log.exception("POST /generate failed")
-            raise HTTPError(500, "internal server error (the server log has the details)") from None
-        service.counts["200"] += 1
-        return result
 
+        async def work():
+            req = await service.parse_body(request)
+            return await service.unless_disconnected(request, service.generate(req))
+
+        return await guarded(service, "POST /generate", work)
+
+
+def _add_info_routes(app: FastAPI, service: Service, guard: KeyGuard, keyed: list) -> None:
     @app.get("/health")
     async def health(request: Request):
         """Open to load balancers; without the API key (when one is set) only the status."""
         info = service.health()
-        return info if authorized(request) else {"status": info["status"]}
+        return info if guard.authorized(request) else {"status": info["status"]}
 
     @app.get("/v1/models", dependencies=keyed)
     async def models():
-        name = Path(config.model).name or config.model
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": name,
-                    "object": "model",
-                    "owned_by": "sqlrl",
-                    "root": name,
-                    "backend": getattr(service.backend, "name", None),
-                    "max_new_tokens_limit": config.max_new_tokens_limit,
-                }
-            ],
-        }
+        return {"object": "list", "data": [service.model_card()]}
 
     @app.get("/databases", dependencies=keyed)
     async def databases():
         """The Spider databases by name (never the server's paths)."""
         return {"databases": service.prompts.databases()}
-
-    return app

@@ -1,0 +1,306 @@
+"""Judgements of the model's answers, kept so that they become training data.
+
+People who use the server (the playground page, `POST /feedback`) mark an answer right, or
+wrong and give the SQL that is right. `FeedbackStore` keeps each judgement in a SQLite file
+(WAL journal, full sync, one transaction per record): several server processes may write to
+one file, and a judgement the server acknowledged survives the server being killed, since
+the acknowledgement is sent only after its transaction committed.
+
+    python -m sqlrl.feedback export --db data/feedback/feedback.sqlite \\
+        --spider data/raw/spider --out data/feedback/verified.json
+
+writes the verified pairs (answers marked right, and corrections) as Spider's train format
+(a JSON list of {"db_id", "question", "query"}; sqlrl.data.spider.load_examples reads it like
+train_spider.json). Only pairs that teach something true are exported, and the command says
+why each other judgement was skipped: the latest judgement of a question on a database is
+the one that stands, the SQL must run on its database (read-only, sandboxed), and a schema
+given as DDL has no database to check it on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sqlite3
+import sys
+import unicodedata
+from collections import defaultdict
+from dataclasses import asdict, dataclass, fields
+from datetime import UTC, datetime
+from pathlib import Path
+
+VERDICTS = ("right", "wrong")
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS feedback (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    created_at TEXT NOT NULL,            -- UTC, ISO 8601
+    model TEXT NOT NULL,                 -- the served model's name
+    db_id TEXT,                          -- a Spider database of the server ...
+    ddl TEXT,                            -- ... or the schema the question was asked about
+    question TEXT NOT NULL,
+    predicted_sql TEXT NOT NULL,
+    verdict TEXT NOT NULL CHECK (verdict IN ('right', 'wrong')),
+    corrected_sql TEXT,
+    CHECK ((db_id IS NULL) <> (ddl IS NULL)),
+    CHECK (corrected_sql IS NULL OR verdict = 'wrong')
+)
+"""
+
+
+class FeedbackError(ValueError):
+    """The feedback database cannot be used; the message says which file and why."""
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """One person's verdict on one answer. `corrected_sql`: the right SQL, for a wrong one."""
+
+    question: str
+    predicted_sql: str
+    verdict: str  # right | wrong
+    model: str
+    db_id: str | None = None
+    ddl: str | None = None
+    corrected_sql: str | None = None
+    created_at: str = ""  # set by the store when it is written
+    id: int | None = None  # set by the store
+
+
+def now_utc() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+class FeedbackStore:
+    """Judgements in a SQLite file (see the module docstring for the guarantees).
+
+    A connection per call: writes come one per human click, and a fresh connection needs no
+    locking between the server's threads."""
+
+    def __init__(self, path: str | os.PathLike, busy_timeout_s: float = 30.0):
+        self.path = Path(path)
+        self.busy_timeout_s = busy_timeout_s
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with self._connection() as conn:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute(SCHEMA)
+                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except (OSError, sqlite3.Error) as exc:
+            raise FeedbackError(f"feedback database {self.path}: {exc}") from None
+
+    def _connection(self) -> _Connection:
+        return _Connection(self.path, self.busy_timeout_s)
+
+    def add(self, judgement: Judgement) -> Judgement:
+        """Store one judgement in its own transaction; returns it with its id and time. When
+        this returns, the record is on disk (synchronous=FULL)."""
+        row = asdict(judgement)
+        row.update(created_at=judgement.created_at or now_utc())
+        row.pop("id")
+        names = ", ".join(row)
+        marks = ", ".join("?" for _ in row)
+        with self._connection() as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            cursor = conn.execute(
+                f"INSERT INTO feedback ({names}) VALUES ({marks})", list(row.values())
+            )
+            conn.execute("COMMIT")
+        return Judgement(**{**row, "id": cursor.lastrowid})
+
+    def all(self) -> list[Judgement]:
+        """Every judgement, oldest first."""
+        names = [f.name for f in fields(Judgement)]
+        with self._connection() as conn:
+            rows = conn.execute(f"SELECT {', '.join(names)} FROM feedback ORDER BY id").fetchall()
+        return [Judgement(**dict(zip(names, row, strict=True))) for row in rows]
+
+
+class _Connection:
+    """A short-lived connection in autocommit mode (transactions are explicit), waiting up to
+    `busy_timeout_s` for another writer, syncing every commit to disk."""
+
+    def __init__(self, path: Path, busy_timeout_s: float):
+        self.conn = sqlite3.connect(path, timeout=busy_timeout_s, isolation_level=None)
+        self.conn.execute("PRAGMA synchronous=FULL")
+
+    def __enter__(self) -> sqlite3.Connection:
+        return self.conn
+
+    def __exit__(self, kind, exc, tb) -> None:
+        if kind is not None and self.conn.in_transaction:
+            self.conn.execute("ROLLBACK")
+        self.conn.close()
+
+
+# --------------------------------------------------------------------------- export
+
+
+@dataclass
+class Skip:
+    id: int
+    reason: str  # the kind of reason (the report groups by it)
+    detail: str = ""
+
+
+def question_key(j: Judgement) -> tuple:
+    """Judgements of the same question on the same database (or DDL) share a key."""
+    return (j.db_id, j.ddl, unicodedata.normalize("NFC", j.question).strip())
+
+
+def latest_judgements(judgements: list[Judgement]) -> tuple[list[Judgement], list[Skip]]:
+    """The latest judgement of each question; earlier ones are superseded (a later person
+    corrected or confirmed it, and training on both would teach two answers)."""
+    latest: dict[tuple, Judgement] = {}
+    for j in judgements:  # oldest first
+        latest[question_key(j)] = j
+    kept = {j.id for j in latest.values()}
+    skipped = [
+        Skip(
+            j.id,
+            "superseded by a later judgement of the same question",
+            f"#{latest[question_key(j)].id}",
+        )
+        for j in judgements
+        if j.id not in kept
+    ]
+    return [j for j in judgements if j.id in kept], skipped
+
+
+def verified_sql(j: Judgement) -> str | None:
+    """The SQL a judgement vouches for: the answer marked right, or the correction."""
+    if j.verdict == "right":
+        return j.predicted_sql
+    return j.corrected_sql or None
+
+
+def check_pair(j: Judgement, spider_dir: Path, schemas: dict, executor) -> Skip | None:
+    """Why judgement `j` cannot be a training pair, or None when it can."""
+    from sqlrl.data.spider import database_path
+
+    sql = verified_sql(j)
+    if sql is None:
+        return Skip(j.id, "marked wrong without a correction")
+    if j.db_id is None:
+        return Skip(j.id, "schema given as DDL: no database to check the SQL on")
+    if j.db_id not in schemas:
+        return Skip(j.id, "db_id not in tables.json", j.db_id)
+    path = database_path(spider_dir, j.db_id)
+    if not path.is_file():
+        return Skip(j.id, "database file absent", j.db_id)
+    verdict = executor.execute(path, sql)
+    if not verdict.ok:
+        return Skip(j.id, "does not run on its database", f"{verdict.status}: {verdict.error}")
+    return None
+
+
+def pair(j: Judgement) -> dict:
+    """A Spider train item (what sqlrl.data.spider.load_examples reads), with its source."""
+    return {
+        "db_id": j.db_id,
+        "question": unicodedata.normalize("NFC", j.question).strip(),
+        "query": verified_sql(j).strip(),
+        "feedback_id": j.id,
+    }
+
+
+def verified_pairs(
+    judgements: list[Judgement], spider_dir: Path, timeout_s: float = 5.0
+) -> tuple[list[dict], list[Skip]]:
+    """(Spider train items, skipped judgements) for `judgements`, oldest first."""
+    from sqlrl.data.spider import load_schemas
+    from sqlrl.sql.executor import ExecLimits, SQLExecutor
+
+    schemas = load_schemas(spider_dir / "tables.json")
+    executor = SQLExecutor(ExecLimits(timeout_s=timeout_s))
+    current, skipped = latest_judgements(judgements)
+    pairs = []
+    try:
+        for j in current:
+            skip = check_pair(j, spider_dir, schemas, executor)
+            if skip is None:
+                pairs.append(pair(j))
+            else:
+                skipped.append(skip)
+    finally:
+        executor.close()
+    return pairs, sorted(skipped, key=lambda s: s.id)
+
+
+def write_json(path: Path, items: list[dict]) -> None:
+    """The file written whole or not at all (a temporary file renamed over it), the same bytes
+    for the same pairs, so DVC reruns only what a new judgement changed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(items, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def skip_report(skipped: list[Skip]) -> list[str]:
+    """One line per reason: how many, and which records (with the detail of each)."""
+    by_reason: dict[str, list[Skip]] = defaultdict(list)
+    for s in skipped:
+        by_reason[s.reason].append(s)
+    lines = []
+    for reason, items in sorted(by_reason.items(), key=lambda kv: -len(kv[1])):
+        which = ", ".join(f"#{s.id}" + (f" ({s.detail})" if s.detail else "") for s in items)
+        lines.append(f"  {len(items)} {reason}: {which}")
+    return lines
+
+
+def export(db: Path, spider_dir: Path, out: Path, timeout_s: float = 5.0) -> tuple[int, list[Skip]]:
+    """Write the verified pairs of feedback database `db` to `out`; (pairs, skipped)."""
+    if not db.is_file():
+        raise FeedbackError(f"no feedback database at {db}")
+    pairs, skipped = verified_pairs(FeedbackStore(db).all(), spider_dir, timeout_s)
+    write_json(out, pairs)
+    return len(pairs), skipped
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m sqlrl.feedback",
+        description="Judgements stored by the server (--feedback-db) as training data.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+    ex = commands.add_parser(
+        "export",
+        help="write the verified question/SQL pairs in Spider's train format",
+        description="Write the answers marked right and the corrections that run on their "
+        "database as a Spider train file (db_id, question, query); the latest judgement of "
+        "a question stands. Says how many were skipped and why.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    ex.add_argument("--db", required=True, type=Path, help="the server's --feedback-db file")
+    ex.add_argument(
+        "--spider", default=Path("data/raw/spider"), type=Path, help="the Spider release folder"
+    )
+    ex.add_argument(
+        "--out", default=Path("data/feedback/verified.json"), type=Path, help="the file to write"
+    )
+    ex.add_argument(
+        "--timeout-s", default=5.0, type=float, help="time limit of each query's check run"
+    )
+    return parser
+
+
+def main(argv=None) -> int:
+    from sqlrl.data.spider import SpiderDataError
+
+    args = build_parser().parse_args(argv)
+    try:
+        n, skipped = export(args.db, args.spider, args.out, args.timeout_s)
+    except (FeedbackError, SpiderDataError) as exc:
+        print(f"feedback: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"exported {n} verified pair{'' if n == 1 else 's'} to {args.out}; skipped {len(skipped)}"
+    )
+    for line in skip_report(skipped):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
