@@ -6,7 +6,7 @@ wrong and give the SQL that is right. `FeedbackStore` keeps each judgement in a 
 one file, and a judgement the server acknowledged survives the server being killed, since
 the acknowledgement is sent only after its transaction committed.
 
-    python -m sqlrl.feedback export --db data/feedback/feedback.sqlite \\
+    python -m sqlrl.feedback export --db feedback.sqlite \\
         --spider data/raw/spider --out data/feedback/verified.json
 
 writes the verified pairs (answers marked right, and corrections) as Spider's train format
