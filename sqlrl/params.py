@@ -32,6 +32,9 @@ SCHEMA_FORMATS = ("compact", "ddl")
 DTYPES = ("float32", "bfloat16", "float16")
 TOKENIZERS = ("trained", "qwen2.5")
 VLLM_MODES = ("colocate", "server")
+BENCHMARK_FORMATS = ("spider", "bird")
+SET_NAME = r"^[a-z][a-z0-9_]*$"  # a metrics section and a file name
+RESERVED_SET_NAMES = {"dev", "heldout", "generation"}
 
 
 class ParamsError(PipelineError, ValueError):
@@ -265,6 +268,22 @@ class GrpoParams:
 
 
 @dataclass(config=SECTION)
+class EvalSetParams:
+    """One evaluation set beside Spider dev and held-out (sqlrl/data/benchmarks.py)."""
+
+    format: Literal[BENCHMARK_FORMATS]
+    questions: Str  # paths relative to the prepare_eval stage's --raw folder (data/raw/)
+    tables: Str
+    databases: Annotated[list[Str], Field(min_length=1)]  # searched in order for db_id/db_id.sqlite
+    question_key: Str = ""  # "" = the format's own (Spider-Syn asks `SpiderSynQuestion`)
+
+    def __post_init__(self):
+        for path in (self.questions, self.tables, *self.databases):
+            if Path(path).is_absolute() or ".." in Path(path).parts:
+                raise ValueError(f"{path!r} must be relative to data/raw/, without '..'")
+
+
+@dataclass(config=SECTION)
 class EvalParams:
     batch_size: Positive
     max_new_tokens: Positive
@@ -272,12 +291,17 @@ class EvalParams:
     num_samples: Positive
     temperature: NonNegative
     schema_repair: Bool
+    vote_models: list[Str]
+    sets: dict[Annotated[StrictStr, Field(pattern=SET_NAME)], EvalSetParams]
 
     def __post_init__(self):
         if self.num_samples > 1 and self.temperature <= 0.0:
             raise ParamsError(
                 f"eval.temperature must be > 0 when eval.num_samples > 1, got {self.temperature}"
             )
+        taken = sorted(set(self.sets) & RESERVED_SET_NAMES)
+        if taken:
+            raise ParamsError(f"eval.sets: {taken} name the splits prepare writes; rename them")
 
 
 @dataclass(config=SECTION)
@@ -330,6 +354,8 @@ def _problem(error: dict) -> str:
     if isinstance(cause, ParamsError):  # a check across settings names its own keys
         return str(cause)
     message = str(cause) if cause is not None else error["msg"]
+    if isinstance(error["input"], dict):  # a section-wide check: its message names the value
+        return f"{key}: {message}"
     return f"{key}: {message} (got {error['input']!r})"
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from sqlrl.errors import PipelineError
-from sqlrl.eval.report import MODELS, by_split
+from sqlrl.eval.report import MODELS, benchmark_table, by_split
 from sqlrl.eval.score import HARDNESS_LEVELS as HARDNESS
 
 
@@ -46,6 +46,13 @@ def metrics_table(root: Path = Path(".")) -> str:
             + f" | {_pct((report.get('heldout') or {}).get('ex'))} |"
         )
     return "\n".join(lines)
+
+
+def sets_table(root: Path = Path(".")) -> str:
+    """Markdown: each model's EX on every evaluation set (sqlrl.eval.report's table)."""
+    return benchmark_table(
+        {name: _read_json(root / "metrics" / f"eval_{name}.json") for name in MODELS}
+    )
 
 
 def data_version(root: Path = Path(".")) -> str:
@@ -89,6 +96,16 @@ def model_card(repo_id: str, root: Path = Path(".")) -> str:
             metrics_table(root),
             "",
             "EX: execution accuracy (test-suite semantics); EM: exact set match without values.",
+            "Greedy decoding.",
+            "",
+            "## Every evaluation set (%)",
+            "",
+            sets_table(root),
+            "",
+            "Greedy decoding; in brackets, maj@k: k answers sampled at "
+            f"temperature {params['eval']['temperature']}, the answer with the most votes by "
+            "execution result. Spider-format sets by test-suite EX, BIRD by its own EX (result "
+            "sets), each over the questions whose database was available.",
             "",
             "## Use",
             "",

@@ -1,5 +1,6 @@
-"""DVC stage `evaluate@<name>`: a model on the dev (and held-out) split -> its metrics and
-prediction files.
+"""DVC stage `evaluate@<name>`: a model on the dev (and held-out) split and on each set of
+eval.sets (prepare_eval's rows, each scored by its benchmark's rules) -> its metrics and
+prediction files. Greedy always; maj@eval.num_samples too for the models in eval.vote_models.
 
 With --baseline NAME DEV HELDOUT (another model's prediction files), the metrics also get
 `vs_<NAME>`: the paired bootstrap 95% interval of the EX difference against it, per split.
@@ -15,7 +16,7 @@ from pathlib import Path
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizer is used before forks
 
 from sqlrl.eval.compare import compare_predictions  # noqa: E402
-from sqlrl.eval.evaluate import evaluate_model, headline  # noqa: E402
+from sqlrl.eval.evaluate import Split, evaluate_model, headline, spider_splits  # noqa: E402
 from sqlrl.hardware import set_torch_threads  # noqa: E402
 from sqlrl.jsonio import read_jsonl, write_json, write_jsonl  # noqa: E402
 from sqlrl.params import load_params  # noqa: E402
@@ -27,8 +28,11 @@ def arguments(parser) -> None:
     parser.add_argument("--dev", required=True, help="dev.jsonl")
     parser.add_argument("--heldout", required=True, help="heldout.jsonl (may be empty)")
     parser.add_argument("--spider", required=True, help="the Spider release")
+    parser.add_argument("--sets", required=True, help="prepare_eval's <set>.jsonl folder")
+    parser.add_argument("--raw", required=True, help="the folder eval.sets' paths are relative to")
     parser.add_argument("--predictions", required=True, help="dev predictions (JSONL)")
     parser.add_argument("--heldout-predictions", required=True)
+    parser.add_argument("--set-predictions", required=True, help="folder: <set>.jsonl per set")
     parser.add_argument("--metrics", required=True, help="every metric (JSON)")
     parser.add_argument("--headline", required=True, help="the few that DVC's views show (JSON)")
     parser.add_argument(
@@ -48,10 +52,11 @@ def main(args) -> int:
         return 1
     params = load_params(args.params)
     set_torch_threads(params.torch_threads)
-    splits = {"dev": args.dev, "heldout": args.heldout}
+    splits = spider_splits(args.dev, args.heldout, args.spider)
     try:
+        splits.update(_benchmark_sets(params.eval.sets, args.sets, args.raw))
         metrics, predictions = evaluate_model(
-            args.model, params.eval, params.seed, splits, spider_dir=args.spider
+            args.model, params.eval, params.seed, splits, vote=name in params.eval.vote_models
         )
     except FileNotFoundError as exc:  # the others are PipelineErrors: run_stage reports them
         print(f"evaluate: {exc}", file=sys.stderr)
@@ -67,10 +72,33 @@ def main(args) -> int:
             return 1
     write_jsonl(args.predictions, predictions["dev"])
     write_jsonl(args.heldout_predictions, predictions.get("heldout", []))
+    _write_set_predictions(args.set_predictions, params.eval.sets, predictions)
     write_json(args.metrics, metrics)
     write_json(args.headline, headline(metrics, args.baseline[0] if args.baseline else None))
     print(_summary(name, metrics))
     return 0
+
+
+def _benchmark_sets(sets: dict, rows_dir: str, raw_dir: str) -> dict[str, Split]:
+    """Each eval.sets entry: prepare_eval's rows, its tables file, its benchmark's rules."""
+    splits = {}
+    for name, spec in sets.items():
+        rows = Path(rows_dir) / f"{name}.jsonl"
+        if not rows.is_file():
+            raise FileNotFoundError(f"{rows} is missing (run `dvc repro prepare_eval`)")
+        splits[name] = Split(rows, Path(raw_dir) / spec.tables, spec.format, required=True)
+    return splits
+
+
+def _write_set_predictions(folder: str, sets: dict, predictions: dict) -> None:
+    """One JSONL per set, and no file of a set that is no longer evaluated."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob("*.jsonl"):
+        if stale.stem not in sets:
+            stale.unlink()
+    for name in sets:
+        write_jsonl(folder / f"{name}.jsonl", predictions[name])
 
 
 def _compare(baseline_files: dict, predictions: dict, seed: int) -> dict:
@@ -99,6 +127,11 @@ def _summary(name: str, metrics: dict) -> str:
             f"; held-out EX {_pct(held['ex'])} (non-trivial gold "
             f"{_pct(held['ex_nontrivial'])}) EM {_pct(held['em'])} on {held['n']}"
         )
+    for name, split in metrics.items():
+        if name not in ("dev", "heldout") and isinstance(split, dict) and "n" in split:
+            maj = f", maj@{split['maj']['k']} {_pct(split['maj']['ex'])}" if "maj" in split else ""
+            line += f"; {name} EX {_pct(split['ex'])}{maj} on {split['n']}"
+            line += f" ({split['skipped']} skipped)"
     return line
 
 

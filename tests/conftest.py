@@ -31,8 +31,9 @@ def make_smoke_repo(repo, profile: str = "smoke", overrides: tuple[str, ...] = (
     """A git + DVC copy of this checkout's files (not its outputs) in `repo`, after a run of
     the whole DAG with `profile`.
 
-    Spider is pulled from the shared DVC remote like a newcomer would; the profile is chosen
-    with `dvc exp run -S profile=...`, which composes params.yaml from conf/ through Hydra.
+    Spider and the evaluation sets are pulled from the shared DVC remote like a newcomer
+    would; the profile is chosen with `dvc exp run -S profile=...`, which composes params.yaml
+    from conf/ through Hydra.
     """
     files = subprocess.run(
         ["git", "ls-files", "-co", "--exclude-standard"],
@@ -56,7 +57,8 @@ def make_smoke_repo(repo, profile: str = "smoke", overrides: tuple[str, ...] = (
     run_cli(["git", "add", "-A"], repo)
     run_cli(["git", "commit", "-qm", "copy"], repo)
     run_cli(["dvc", "remote", "modify", "--local", "storage", "url", storage_url()], repo)
-    run_cli(["dvc", "pull", "-q", "data/raw/spider.dvc"], repo)
+    pointers = sorted(str(p.relative_to(repo)) for p in (repo / "data" / "raw").glob("*.dvc"))
+    run_cli(["dvc", "pull", "-q", *pointers], repo)  # Spider and the evaluation sets
     sets = [arg for value in (f"profile={profile}", *overrides) for arg in ("-S", value)]
     run_cli(["dvc", "exp", "run", *sets], repo)  # the whole DAG
     return repo

@@ -11,13 +11,18 @@ import shutil
 from types import SimpleNamespace
 
 import pytest
+import yaml
 
+from sqlrl.data.benchmarks import prepare_set
+from sqlrl.data.prompt_settings import PromptSettings
 from sqlrl.eval.evaluate import evaluate_model, evaluate_split
 from sqlrl.eval.voting import vote
 from sqlrl.jsonio import read_json, read_jsonl
-from sqlrl.params import EvalParams
+from sqlrl.params import EvalParams, compose_params, params_from_dict
 from tests.repo_tools import REPO_ROOT
 from tests.test_generate import tiny  # noqa: F401  (the tiny-model fixture)
+
+RAW_DIR = REPO_ROOT / "data" / "raw"
 
 GOLD_COUNT = "SELECT count(*) FROM singer"
 # dev rows 0-9 (concert_singer) -> (what the fake model says, ex, em, status)
@@ -79,7 +84,9 @@ def test_evaluate_split_end_to_end_with_known_answers(dev_rows, spider_dir):
     from sqlrl.eval.spider_eval import hardness
 
     fake = _fake_for(dev_rows)
-    metrics, preds = evaluate_split(dev_rows, fake, _render, spider_dir=spider_dir, workers=1)
+    metrics, preds = evaluate_split(
+        dev_rows, fake, _render, tables_json=spider_dir / "tables.json", workers=1
+    )
 
     # absent databases: not generated for, skipped, never scored
     assert len(fake.calls) == 1 and len(fake.calls[0]) == 10
@@ -142,6 +149,8 @@ def test_ex_all_counts_skipped_questions_as_wrong(dev_rows, prepared_dir, spider
         num_samples=1,
         temperature=0.8,
         schema_repair=False,
+        vote_models=[],
+        sets={},
     )
     metrics, preds = evaluate_model(
         "models/x",
@@ -175,8 +184,8 @@ class FakeSampler:
         self.samples = samples
         self.calls = []
 
-    def generate(self, prompts):
-        raise AssertionError("self-consistency must sample, not decode greedily")
+    def generate(self, prompts):  # greedy: the first candidate
+        return [self.samples[p][0] for p in prompts]
 
     def sample(self, prompts, n, temperature, seed):
         self.calls.append((list(prompts), n, temperature, seed))
@@ -208,19 +217,34 @@ def test_self_consistency_votes_by_execution_result(dev_rows, spider_dir):
         rows,
         sampler,
         _render,
-        num_samples=5,
+        vote_samples=5,
         temperature=0.7,
         seed=3,
-        spider_dir=spider_dir,
+        tables_json=spider_dir / "tables.json",
         workers=1,
     )
     (call,) = sampler.calls
     assert call[1:] == (5, 0.7, 3) and len(call[0]) == 3
-    assert [p["pred"] for p in preds] == [GOLD_COUNT, samples[call[0][1]][1], None, "bad one"]
-    assert [p["votes"] for p in preds if p["status"] != "skipped"] == [3, 2, 0]
-    assert [p["ex"] for p in preds] == [1, 0, None, 0]
+    # maj@5 next to greedy (each question's first candidate), on the same questions
+    assert [p.get("maj_pred") for p in preds] == [
+        GOLD_COUNT,
+        samples[call[0][1]][1],
+        None,
+        "bad one",
+    ]
+    assert [p.get("votes") for p in preds] == [3, 2, None, 0]
+    assert [p.get("maj_ex") for p in preds] == [1, 0, None, 0]
+    assert [p["pred"] for p in preds] == [
+        "SELECT count(*) FROM stadium",
+        rows[1]["gold"],
+        None,
+        "bad one",
+    ]
+    assert [p["ex"] for p in preds] == [0, 1, None, 0]
     assert [p["status"] for p in preds] == ["ok", "ok", "skipped", "error"]
-    assert (metrics["n"], metrics["skipped"], metrics["num_samples"]) == (3, 1, 5)
+    assert (metrics["n"], metrics["skipped"], metrics["num_samples"]) == (3, 1, 1)
+    assert metrics["ex"] == pytest.approx(1 / 3)
+    assert (metrics["maj"]["k"], metrics["maj"]["ex"]) == (5, pytest.approx(1 / 3))
 
 
 def test_vote_picks_the_largest_group_and_the_first_on_ties():
@@ -250,6 +274,8 @@ def test_evaluate_model_heldout_split_and_empty_splits(
         num_samples=1,
         temperature=0.8,
         schema_repair=False,
+        vote_models=[],
+        sets={},
     )
     metrics, preds = evaluate_model(
         "models/x",
@@ -294,15 +320,31 @@ def test_stage_writes_metrics_and_predictions_with_a_tiny_model(
     (prepared / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dev))
     (prepared / "heldout.jsonl").write_text("")
     shutil.copytree(model_path, tmp_path / "models" / "tiny")
-    params = (
-        (REPO_ROOT / "params.yaml").read_text().replace("max_new_tokens: 128", "max_new_tokens: 6")
+    params = compose_params("smoke")
+    params["eval"]["max_new_tokens"] = 6
+    bird = params["eval"]["sets"]["bird_dev"]
+    params["eval"]["sets"] = {"bird_dev": bird}  # one benchmark set, a few of its rows
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    settings = PromptSettings.from_prepare(params_from_dict(params).prepare)
+    bird_rows, _ = prepare_set(
+        "bird_dev",
+        params_from_dict(params).eval.sets["bird_dev"],
+        RAW_DIR,
+        settings,
+        max_examples=2,
     )
-    (tmp_path / "params.yaml").write_text(params)
+    bird_rows = [r for r in bird_rows if r["prompt"]] + [bird_rows[0]]  # 2 runnable, 1 absent
+    (tmp_path / "sets").mkdir()
+    (tmp_path / "sets" / "bird_dev.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in bird_rows)
+    )
 
     def run(model: str) -> int:
         out = tmp_path / "data" / "predictions"
         argv = ["--model", str(tmp_path / "models" / model), "--spider", str(spider_dir)]
         argv += ["--dev", str(prepared / "dev.jsonl"), "--heldout", str(prepared / "heldout.jsonl")]
+        argv += ["--sets", str(tmp_path / "sets"), "--raw", str(RAW_DIR)]
+        argv += ["--set-predictions", str(out / f"{model}_sets")]
         argv += ["--predictions", str(out / f"{model}.jsonl")]
         argv += ["--heldout-predictions", str(out / f"{model}_heldout.jsonl")]
         argv += ["--metrics", str(tmp_path / "metrics" / f"eval_{model}.json")]
@@ -312,9 +354,22 @@ def test_stage_writes_metrics_and_predictions_with_a_tiny_model(
 
     assert run("tiny") == 0
     metrics = read_json(tmp_path / "metrics" / "eval_tiny.json")
-    assert set(metrics) == {"dev", "generation"}  # held-out has no rows: no "heldout"
+    assert set(metrics) == {"dev", "bird_dev", "generation"}  # held-out has no rows: left out
     headline = read_json(tmp_path / "metrics" / "headline_tiny.json")
-    assert headline == {"dev": {"ex": metrics["dev"]["ex"], "em": metrics["dev"]["em"]}}
+    assert headline == {
+        "dev": {"ex": metrics["dev"]["ex"], "em": metrics["dev"]["em"]},
+        "bird_dev": {"ex": metrics["bird_dev"]["ex"]},  # BIRD has no EM
+    }
+    bird_metrics = metrics["bird_dev"]
+    assert (bird_metrics["n"], bird_metrics["skipped"]) == (2, 1)
+    by_difficulty = bird_metrics["by_difficulty"]
+    assert sum(level["n"] for level in by_difficulty.values()) == 2
+    assert set(by_difficulty) == {"simple", "moderate", "challenging"}
+    bird_preds = read_jsonl(tmp_path / "data" / "predictions" / "tiny_sets" / "bird_dev.jsonl")
+    assert [p["status"] for p in bird_preds][-1] == "skipped"
+    assert {p["format"] for p in bird_preds} == {"bird"} and all(
+        p["difficulty"] for p in bird_preds
+    )
     scored = metrics["dev"]
     assert (scored["n"], scored["skipped"]) == (3, 1)
     assert 0.0 <= scored["ex"] <= 1.0 and scored["examples_per_second"] > 0
@@ -338,6 +393,8 @@ def test_only_absent_databases_loads_no_model(dev_rows, spider_dir, tmp_path):
         num_samples=1,
         temperature=0.8,
         schema_repair=False,
+        vote_models=[],
+        sets={},
     )
     metrics, preds = evaluate_model(
         tmp_path / "no-such-model",
@@ -371,7 +428,8 @@ def test_a_damaged_database_is_an_error_naming_it_not_a_zero(dev_rows, spider_di
     (copy / "tables.json").symlink_to(spider_dir / "tables.json")
     damaged = copy / "database" / "concert_singer" / "concert_singer.sqlite"
     damaged.write_bytes(b"SQLite format 3\x00" + b"\x07" * 4096)
-    rows = [r for r in dev_rows if r["db_id"] == "concert_singer"]
+    # the rows name the copy's file, as prepare records each row's database
+    rows = [{**r, "db_path": str(damaged)} for r in dev_rows if r["db_id"] == "concert_singer"]
     params = EvalParams(
         batch_size=4,
         max_new_tokens=8,
@@ -379,6 +437,8 @@ def test_a_damaged_database_is_an_error_naming_it_not_a_zero(dev_rows, spider_di
         num_samples=1,
         temperature=0.8,
         schema_repair=False,
+        vote_models=[],
+        sets={},
     )
     (tmp_path / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(DatabaseFileError, match=str(damaged)):

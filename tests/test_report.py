@@ -112,3 +112,26 @@ def test_a_noisy_reward_is_smoothed_by_a_trailing_mean():
 
     assert smoothed([0.0, 1.0, 0.0, 1.0, 0.0, 1.0], 2) == [0.0, 0.5, 0.5, 0.5, 0.5, 0.5]
     assert smoothed([0.2, 0.4], 5) == pytest.approx([0.2, 0.3])
+
+
+def test_the_benchmark_table_has_a_row_per_model_and_a_column_per_set():
+    from sqlrl.eval.report import benchmark_table
+
+    split = {"n": 10, "skipped": 0, "ex": 0.5}
+    evals = {
+        "base": {"dev": {**split, "ex": 0.0}, "generation": {"backend": "HFGenerator"}},
+        "sft": {"dev": split, "bird_dev": {"n": 4, "skipped": 6, "ex": 0.25}},
+        "final": {
+            "dev": split,
+            "bird_dev": {"n": 4, "skipped": 6, "ex": 0.5, "maj": {"k": 4, "ex": 0.75}},
+            "vs_sft": {"dev": {"diff": 0.0}},
+        },
+    }
+    lines = benchmark_table(evals).splitlines()
+    assert lines[0] == "| model | dev | bird_dev |"
+    assert lines[2:5] == [
+        "| base | 0.0% | — |",
+        "| SFT | 50.0% | 25.0% |",
+        "| GRPO (final) | 50.0% | 50.0% (maj@4 75.0%) |",
+    ]
+    assert lines[-1] == "Questions: dev 10 scored, bird_dev 4 scored (6 skipped)."

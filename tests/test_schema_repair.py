@@ -101,9 +101,10 @@ def test_evaluation_scores_the_repaired_query_and_keeps_the_model_s_own(spider_d
             )
 
     render = lambda messages: messages[-1]["content"]  # noqa: E731
-    plain, _ = evaluate_split(rows, Model(), render, spider_dir=spider_dir, workers=1)
+    tables = spider_dir / "tables.json"
+    plain, _ = evaluate_split(rows, Model(), render, tables_json=tables, workers=1)
     metrics, preds = evaluate_split(
-        rows, Model(), render, spider_dir=spider_dir, workers=1, schema_repair=True
+        rows, Model(), render, tables_json=tables, workers=1, schema_repair=True
     )
     assert plain["ex"] == 0.5 and "repaired" not in plain
     assert metrics["ex"] == 1.0 and metrics["repaired"] == 1

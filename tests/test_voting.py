@@ -82,6 +82,9 @@ def test_evaluation_scores_the_repaired_majority_and_keeps_the_models_sql(spider
     sampled = {question: texts for _, question, _, texts in QUESTIONS}
 
     class Sampler:
+        def generate(self, prompts):  # greedy: each question's first text
+            return [sampled[p][0] for p in prompts]
+
         def sample(self, prompts, n, temperature, seed):
             return [sampled[p][:n] for p in prompts]
 
@@ -90,24 +93,26 @@ def test_evaluation_scores_the_repaired_majority_and_keeps_the_models_sql(spider
             rows,
             Sampler(),
             lambda messages: messages[-1]["content"],
-            num_samples=5,
+            tables_json=spider_dir / "tables.json",
+            vote_samples=5,
             temperature=0.7,
-            spider_dir=spider_dir,
             schema_repair=schema_repair,
             workers=1,
         )
 
     plain, _ = evaluate(schema_repair=False)
-    assert plain["ex"] == 0.0
+    assert plain["ex"] == 0.0 and plain["maj"]["ex"] == 0.0
     metrics, preds = evaluate(schema_repair=True)
-    assert metrics["ex"] == 1.0 and metrics["repaired"] == 2
-    assert [p["ex"] for p in preds] == [1, 1]
+    # greedy answered the wrong (existing) tables: nothing to repair, nothing right
+    assert metrics["ex"] == 0.0 and metrics["repaired"] == 0
+    assert metrics["maj"]["k"] == 5 and metrics["maj"]["ex"] == 1.0
+    assert [p["maj_ex"] for p in preds] == [1, 1]
     assert [p["votes"] for p in preds] == [3, 2]
-    assert [p["pred"] for p in preds] == [
+    assert [p["maj_pred"] for p in preds] == [
         "SELECT COUNT(*) FROM singer",
         "SELECT COUNT(*) FROM Pets",
     ]
-    assert [p["before_repair"] for p in preds] == [
-        "SELECT count(*) FROM performance",
-        "SELECT count(*) FROM singer",
+    assert [p["pred"] for p in preds] == [
+        "SELECT count(*) FROM stadium",
+        "SELECT count(*) FROM student",
     ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,14 +99,19 @@ def serialize_schema(
     raise ValueError(f"unknown schema format {schema_format!r} (use 'compact' or 'ddl')")
 
 
-def build_messages(schema_text: str, question: str, system_prompt: str) -> list[dict]:
-    """The chat messages for one question: the system prompt, then schema and question."""
+def build_messages(
+    schema_text: str, question: str, system_prompt: str, evidence: str = ""
+) -> list[dict]:
+    """The chat messages for one question: the system prompt, then schema, evidence (BIRD's
+    external knowledge, where a question has it) and question."""
     question = " ".join(question.split())
     if not question:
         raise ValueError("the question is empty")
     if not schema_text.strip():
         raise ValueError("the schema is empty")
-    user = f"Database schema:\n{schema_text}\n\nQuestion: {question}"
+    evidence = " ".join(evidence.split())
+    hint = f"Evidence: {evidence}\n" if evidence else ""
+    user = f"Database schema:\n{schema_text}\n\n{hint}Question: {question}"
     return [{"role": "system", "content": system_prompt}, {"role": "user", "content": user}]
 
 
@@ -141,24 +147,28 @@ class PromptFactory:
     settings: PromptSettings
     schemas: dict[str, Schema]
     spider_dir: Path | None  # the databases, for DDL sample rows
+    # db_id -> its SQLite file, for sets whose databases are not laid out as Spider's
+    locate: Callable[[str], Path] | None = None
 
     def __post_init__(self):
         self._schema_text: dict[str, str] = {}
         self.sample_rows_used: dict[str, int] = {}  # db_id -> rows, where fewer than asked
 
-    def messages(self, db_id: str, question: str) -> list[dict]:
+    def messages(self, db_id: str, question: str, evidence: str = "") -> list[dict]:
         """The prompt for a question on one of `schemas`' databases."""
-        return self._messages(self.schemas[db_id], self.schema_text(db_id), question)
+        return self._messages(self.schemas[db_id], self.schema_text(db_id), question, evidence)
 
     def messages_for_schema(self, schema: Schema, question: str) -> list[dict]:
         """The prompt for a question on a schema without a database (no sample rows)."""
         text = serialize_schema(schema, self.settings.schema_format)
         return self._messages(schema, text, question)
 
-    def _messages(self, schema: Schema, schema_text: str, question: str) -> list[dict]:
+    def _messages(
+        self, schema: Schema, schema_text: str, question: str, evidence: str = ""
+    ) -> list[dict]:
         if self.settings.mark_schema_mentions:
             question = mark_question(question, schema)
-        return build_messages(schema_text, question, self.settings.system_prompt)
+        return build_messages(schema_text, question, self.settings.system_prompt, evidence)
 
     def schema_text(self, db_id: str) -> str:
         if db_id not in self._schema_text:
@@ -166,7 +176,8 @@ class PromptFactory:
         return self._schema_text[db_id]
 
     def _fitting_schema(self, db_id: str) -> str:
-        schema, db_path = self.schemas[db_id], database_path(self.spider_dir, db_id)
+        schema = self.schemas[db_id]
+        db_path = self.locate(db_id) if self.locate else database_path(self.spider_dir, db_id)
         p = self.settings
         rows = p.sample_rows if p.schema_format == "ddl" else 0
         while True:

@@ -51,10 +51,14 @@ class Schema:
 
 @dataclass(frozen=True)
 class Example:
+    """One question of any benchmark format (sqlrl/data/benchmarks.py reads the others)."""
+
     db_id: str
     question: str
     query: str
     source: str  # file name and index, for error messages and provenance
+    evidence: str = ""  # BIRD's external knowledge for the question; empty for Spider
+    difficulty: str | None = None  # BIRD's simple | moderate | challenging
 
 
 def read_json(path: Path) -> object:
@@ -121,10 +125,26 @@ def load_schemas(tables_json: Path) -> dict[str, Schema]:
     return {e["db_id"]: schema_from_entry(e, f"{tables_json} [{i}]") for i, e in enumerate(entries)}
 
 
-def load_examples(path: Path, schemas: dict[str, Schema]) -> list[Example]:
-    """A Spider question file (train_spider.json, dev.json, ...) as Examples.
+@dataclass(frozen=True)
+class Fields:
+    """Which keys of a question file's items hold what (the formats differ in names only)."""
 
-    Every example must name a db_id that tables.json knows and carry a non-empty question
+    question: str = "question"
+    query: str = "query"
+    evidence: str | None = None  # optional key: a missing or null one is empty evidence
+    difficulty: str | None = None
+
+
+SPIDER_FIELDS = Fields()
+
+
+def load_examples(
+    path: Path, schemas: dict[str, Schema], fields: Fields = SPIDER_FIELDS
+) -> list[Example]:
+    """A question file (Spider's train_spider.json, dev.json, ...; other formats by `fields`)
+    as Examples.
+
+    Every example must name a db_id that the schemas know and carry a non-empty question
     and query; anything else is an error naming the file and the index.
     """
     items = read_json(path)
@@ -135,16 +155,33 @@ def load_examples(path: Path, schemas: dict[str, Schema]) -> list[Example]:
         where = f"{path.name} [{i}]"
         if not isinstance(item, dict):
             raise SpiderDataError(f"{path}: item {i} is not an object")
-        missing = [k for k in ("db_id", "question", "query") if not item.get(k)]
+        missing = [k for k in ("db_id", fields.question, fields.query) if not item.get(k)]
         if missing:
             raise SpiderDataError(f"{path}: item {i} lacks {', '.join(missing)}")
         if item["db_id"] not in schemas:
             raise SpiderDataError(
                 f"{path}: item {i} names db_id {item['db_id']!r}, which tables.json does not define"
             )
-        question = _clean_text(item["question"], f"{path}: item {i} question")
-        query = _clean_text(item["query"], f"{path}: item {i} query")
-        examples.append(Example(item["db_id"], question, query, where))
+        text = {
+            name: _clean_text(item[key], f"{path}: item {i} {key}")
+            for name, key in (
+                ("question", fields.question),
+                ("query", fields.query),
+                ("evidence", fields.evidence),
+                ("difficulty", fields.difficulty),
+            )
+            if key is not None and item.get(key) is not None
+        }
+        examples.append(
+            Example(
+                item["db_id"],
+                text["question"],
+                text["query"],
+                where,
+                text.get("evidence", ""),
+                text.get("difficulty"),
+            )
+        )
     return examples
 
 

@@ -57,24 +57,25 @@ class DatabaseFileError(PipelineError):
     """A Spider database file is present but cannot be read."""
 
 
-def check_gold_databases(rows: list[dict], items: list[dict], spider_dir: str | Path) -> None:
+def check_gold_databases(rows: list[dict], items: list[dict]) -> None:
     """Raise DatabaseFileError when a gold query failed because its database file cannot be
     read (damaged, truncated, not SQLite): every question on it would score as wrong without a
     word. A gold query that fails on a readable database stays counted in `gold_failed`."""
-    from sqlrl.data.spider import database_path
     from sqlrl.sql.executor import SQLExecutor
 
-    failed = sorted(
-        {row["db_id"] for row, item in zip(rows, items, strict=False) if item.get("gold_failed")}
-    )
+    failed = {
+        row["db_id"]: row["db_path"]
+        for row, item in zip(rows, items, strict=False)
+        if item.get("gold_failed")
+    }
     executor = SQLExecutor()
-    for db_id in failed:
-        path = database_path(Path(spider_dir), db_id)
+    for db_id in sorted(failed):
+        path = Path(failed[db_id])
         probe = executor.execute(path, "SELECT count(*) FROM sqlite_master")
         if not probe.ok:
             raise DatabaseFileError(
                 f"{path}: gold queries fail because the database cannot be read "
-                f"({probe.error}); restore it with `dvc checkout data/raw/spider`"
+                f"({probe.error}); restore it with `dvc checkout`"
             )
 
 
@@ -98,9 +99,11 @@ def answer_prompts(
     temperature: float,
     seed: int,
     fix: Callable[[int, str], str] | None,
+    rules: str = "spider",
 ) -> Answers:
     """Generate and pick each prompt's SQL: greedy (extract, then repair) or, with
-    num_samples > 1, sample and vote by execution result (repairing every candidate)."""
+    num_samples > 1, sample and vote by execution result (repairing every candidate; results
+    grouped by the benchmark's `rules`)."""
     from sqlrl.sql.extract import extract_sql
 
     if not prompts:
@@ -110,7 +113,7 @@ def answer_prompts(
         samples = generator.sample(prompts, num_samples, temperature, seed)
         seconds = time.perf_counter() - start
         _check_count(samples, prompts)
-        sqls, votes, outputs = self_consistency(samples, db_paths, fix=fix)
+        sqls, votes, outputs = self_consistency(samples, db_paths, fix=fix, rules=rules)
         unrepaired = [extract_sql(text) for text in outputs] if fix is not None else []
         return Answers(outputs, sqls, unrepaired, votes, seconds)
     outputs = generator.generate(prompts)
@@ -123,13 +126,13 @@ def answer_prompts(
     return Answers(outputs, sqls, unrepaired, None, seconds)
 
 
-def _schema_fixer(rows: list[dict], todo: list[int], spider_dir: str | Path):
+def _schema_fixer(rows: list[dict], todo: list[int], tables_json: str | Path):
     """eval.schema_repair's repairer for the questions in `todo` (index -> SQL -> SQL)."""
     from sqlrl.data.spider import load_schemas
     from sqlrl.sql.schema_repair import repairer
 
     return repairer(
-        load_schemas(Path(spider_dir) / "tables.json"),
+        load_schemas(Path(tables_json)),
         [rows[i]["db_id"] for i in todo],
         [rows[i]["question"] for i in todo],
     )
@@ -147,8 +150,11 @@ EMPTY_REPORT = {
 }
 
 
-def _score(rows: list[dict], preds: list[str], spider_dir: str | Path, workers) -> dict:
-    """The shared scorer's report on one split (every row, skipped ones included)."""
+def _score(
+    rows: list[dict], preds: list[str], tables_json: str | Path, workers, rules: str
+) -> dict:
+    """The shared scorer's report on one split (every row, skipped ones included), by the
+    benchmark's rules."""
     from sqlrl.eval.score import score_predictions
 
     if not rows:
@@ -156,11 +162,14 @@ def _score(rows: list[dict], preds: list[str], spider_dir: str | Path, workers) 
     report = score_predictions(
         [(row["gold"], row["db_id"]) for row in rows],
         preds,
-        Path(spider_dir) / "database",
-        Path(spider_dir) / "tables.json",
+        None,
+        tables_json,
         workers or default_workers(),
+        rules=rules,
+        db_paths=[row["db_path"] for row in rows],
+        difficulties=[row.get("difficulty") for row in rows],
     )
-    check_gold_databases(rows, report["items"], spider_dir)
+    check_gold_databases(rows, report["items"])
     return report
 
 
@@ -196,6 +205,9 @@ def _prediction_rows(
             pred["votes"] = answers.votes[k]
         if answers.unrepaired and k is not None and answers.unrepaired[k] != answers.sqls[k]:
             pred["before_repair"] = answers.unrepaired[k]
+        for key in ("difficulty", "format"):  # what a benchmark set's scoring needs
+            if key in row:
+                pred[key] = row[key]
         predictions.append(pred)
     return predictions
 
@@ -215,7 +227,7 @@ def _split_metrics(
         "ex_nontrivial": report.get("ex_nontrivial"),
         "n_trivial_gold": report.get("n_trivial_gold", 0),
         "skipped": len(predictions) - n,
-        "by_hardness": report["by_hardness"],
+        **{key: report[key] for key in ("by_hardness", "by_difficulty") if key in report},
         "failures": {k: report["errors"].get(v, 0) for k, v in FAILURE_KINDS.items()},
         "gold_failed": report.get("gold_failed", 0),
         "executable": round(sum(p["status"] == "ok" for p in scored) / n, 4) if n else None,
@@ -230,32 +242,27 @@ def evaluate_split(
     generator,
     render: Callable[[list[dict]], str],
     *,
-    num_samples: int = 1,
+    tables_json: str | Path,
+    rules: str = "spider",
+    vote_samples: int = 1,
     temperature: float = 0.0,
     seed: int = 0,
-    spider_dir: str | Path,
     schema_repair: bool = False,
     workers: int | None = None,
 ) -> tuple[dict, list[dict]]:
-    """Generate, extract, (repair,) score one split: (metrics, prediction rows in input order)."""
+    """Generate greedily, extract, (repair,) score one split by its benchmark's `rules`:
+    (metrics, prediction rows in input order). With vote_samples k > 1, also sample k answers
+    per question and vote by result: maj@k goes next to greedy, in `maj` and in each row."""
     todo = [i for i, row in enumerate(rows) if row.get("prompt") and row.get("db_present", True)]
-    fix = _schema_fixer(rows, todo, spider_dir) if schema_repair else None
+    fix = _schema_fixer(rows, todo, tables_json) if schema_repair else None
     tokens_before = getattr(generator, "generated_tokens", None)
-    answers = answer_prompts(
-        [render(rows[i]["prompt"]) for i in todo],
-        [rows[i]["db_path"] for i in todo],
-        generator,
-        num_samples=num_samples,
-        temperature=temperature,
-        seed=seed,
-        fix=fix,
-    )
-    preds = [""] * len(rows)
-    for k, i in enumerate(todo):
-        preds[i] = answers.sqls[k]
-    report = _score(rows, preds, spider_dir, workers)
+    prompts = [render(rows[i]["prompt"]) for i in todo]
+    db_paths = [rows[i]["db_path"] for i in todo]
+    decode = dict(temperature=temperature, seed=seed, fix=fix, rules=rules)
+    answers = answer_prompts(prompts, db_paths, generator, num_samples=1, **decode)
+    report = _score(rows, _in_row_order(rows, todo, answers), tables_json, workers, rules)
     predictions = _prediction_rows(rows, todo, answers, report)
-    metrics = _split_metrics(predictions, report, answers, len(todo), num_samples)
+    metrics = _split_metrics(predictions, report, answers, len(todo), 1)
     if fix is not None:
         metrics["repaired"] = sum(
             "before_repair" in p for p in predictions if p["status"] != "skipped"
@@ -264,7 +271,41 @@ def evaluate_split(
         tokens = generator.generated_tokens - tokens_before
         metrics["generated_tokens"] = tokens
         metrics["tokens_per_second"] = round(tokens / answers.seconds, 1)
+    if vote_samples > 1:
+        voted = answer_prompts(prompts, db_paths, generator, num_samples=vote_samples, **decode)
+        maj = _score(rows, _in_row_order(rows, todo, voted), tables_json, workers, rules)
+        metrics["maj"] = _majority_metrics(maj, voted, vote_samples)
+        _add_majority(predictions, todo, voted, maj)
     return metrics, predictions
+
+
+def _in_row_order(rows: list[dict], todo: list[int], answers: Answers) -> list[str]:
+    """The answers' SQL at their rows' places; "" where a row got no prompt."""
+    preds = [""] * len(rows)
+    for k, i in enumerate(todo):
+        preds[i] = answers.sqls[k]
+    return preds
+
+
+def _majority_metrics(report: dict, voted: Answers, k: int) -> dict:
+    """maj@k of one split: the voted answers' EX, next to the greedy metrics."""
+    return {
+        "k": k,
+        "ex": report["ex"],
+        "ex_all": report["ex_all"],
+        "ex_nontrivial": report.get("ex_nontrivial"),
+        **{key: report[key] for key in ("by_hardness", "by_difficulty") if key in report},
+        "generation_seconds": round(voted.seconds, 3),
+    }
+
+
+def _add_majority(predictions: list[dict], todo: list[int], voted: Answers, report) -> None:
+    """Each prediction row gets its voted SQL, whether it scored, and its votes."""
+    for k, i in enumerate(todo):
+        item = report["items"][i]
+        predictions[i]["maj_pred"] = voted.sqls[k]
+        predictions[i]["maj_ex"] = None if item.get("status") == "skipped" else item.get("ex")
+        predictions[i]["votes"] = voted.votes[k]
 
 
 def _check_count(outputs: list, prompts: list[str]) -> None:
@@ -277,71 +318,111 @@ def _check_count(outputs: list, prompts: list[str]) -> None:
 # --------------------------------------------------------------------------- a model
 
 
+@dataclass(frozen=True)
+class Split:
+    """One split to evaluate: its rows (JSONL), the tables file of its schemas, and the
+    benchmark rules it is scored by."""
+
+    rows: str | Path
+    tables_json: str | Path
+    rules: str = "spider"
+    required: bool = False  # dev: an absent file is an error; another split may be empty
+
+
+def spider_splits(dev: str | Path, heldout: str | Path, spider_dir: str | Path) -> dict:
+    """Spider dev and the held-out training questions, as prepare writes them."""
+    tables = Path(spider_dir) / "tables.json"
+    return {
+        PRIMARY_SPLIT: Split(dev, tables, required=True),
+        "heldout": Split(heldout, tables),
+    }
+
+
 def evaluate_model(
     model_dir: str | Path,
     params,
     seed: int,
-    splits: dict[str, str | Path],
+    splits: dict[str, Split | str | Path],
     *,
-    spider_dir: str | Path,
+    spider_dir: str | Path | None = None,
+    vote: bool = False,
     generator=None,
     render: Callable[[list[dict]], str] | None = None,
     workers: int | None = None,
     progress: bool = True,
 ) -> tuple[dict, dict[str, list[dict]]]:
-    """Evaluate one model on each split. `params` is the `eval` section (EvalParams).
+    """Evaluate one model on each split. `params` is the `eval` section (EvalParams); with
+    `vote`, maj@eval.num_samples is reported next to greedy.
 
-    Returns (metrics, predictions per split): each split's metrics under its name ("dev"
-    always, another split only when it has rows). `spider_dir` holds the databases.
-    `generator`/`render` replace the model (tests, or a caller that already holds one);
-    otherwise `make_generator` loads model_dir.
+    A split given as a plain path is a Spider split whose schemas are `spider_dir`'s (dev
+    required). Returns (metrics, predictions per split): each split's metrics under its name
+    (a required split always, another only when it has rows). `generator`/`render` replace the
+    model (tests, or a caller that already holds one); otherwise `make_generator` loads
+    model_dir.
     """
-    if PRIMARY_SPLIT not in splits:
-        raise ValueError(f"splits must include {PRIMARY_SPLIT!r}")
+    splits = {name: _as_split(name, split, spider_dir) for name, split in splits.items()}
     data = {
-        name: read_jsonl(path, EVAL_ROW_KEYS, missing_ok=name != PRIMARY_SPLIT)
-        for name, path in splits.items()
+        name: read_jsonl(split.rows, EVAL_ROW_KEYS, missing_ok=not split.required)
+        for name, split in splits.items()
     }
     if generator is None and any(row.get("prompt") for rows in data.values() for row in rows):
-        from sqlrl.data.prompts import render_prompt
-        from sqlrl.model.generate import make_generator
-
-        generator, tokenizer = make_generator(
-            model_dir,
-            use_vllm=params.use_vllm,
-            batch_size=params.batch_size,
-            max_new_tokens=params.max_new_tokens,
-            seed=seed,
-            progress=progress,
-            setting="eval.use_vllm",
-        )
-        render = render or (lambda messages: render_prompt(tokenizer, messages))
+        generator, render = _load_generator(model_dir, params, seed, progress, render)
     if generator is not None and render is None:
         raise ValueError("a generator passed in needs its `render` (messages -> prompt text)")
 
+    k = params.num_samples if vote else 1
     metrics: dict = {}
     predictions: dict[str, list[dict]] = {}
     for name, rows in data.items():
         if generator is not None and hasattr(generator, "desc"):
             generator.desc = f"{Path(model_dir).name} {name}"
+        split = splits[name]
         split_metrics, predictions[name] = evaluate_split(
             rows,
             generator,
             render,
-            num_samples=params.num_samples,
+            tables_json=split.tables_json,
+            rules=split.rules,
+            vote_samples=k,
             temperature=params.temperature,
             seed=seed,
-            spider_dir=spider_dir,
             schema_repair=params.schema_repair,
             workers=workers,
         )
-        if name == PRIMARY_SPLIT or rows:
+        if split.required or rows:
             metrics[name] = split_metrics
     if generator is not None:
         from sqlrl.model.generate import decoding_summary
 
-        metrics["generation"] = decoding_summary(generator, params.temperature, params.num_samples)
+        metrics["generation"] = decoding_summary(generator, params.temperature, 1)
+        if k > 1:
+            metrics["generation_maj"] = decoding_summary(generator, params.temperature, k)
     return metrics, predictions
+
+
+def _as_split(name: str, split: Split | str | Path, spider_dir: str | Path | None) -> Split:
+    if isinstance(split, Split):
+        return split
+    if spider_dir is None:
+        raise ValueError(f"split {name!r} is a path: give spider_dir (its tables.json) too")
+    return Split(split, Path(spider_dir) / "tables.json", required=name == PRIMARY_SPLIT)
+
+
+def _load_generator(model_dir, params, seed: int, progress: bool, render):
+    """(generator, render) for the model in model_dir, as eval params ask."""
+    from sqlrl.data.prompts import render_prompt
+    from sqlrl.model.generate import make_generator
+
+    generator, tokenizer = make_generator(
+        model_dir,
+        use_vllm=params.use_vllm,
+        batch_size=params.batch_size,
+        max_new_tokens=params.max_new_tokens,
+        seed=seed,
+        progress=progress,
+        setting="eval.use_vllm",
+    )
+    return generator, render or (lambda messages: render_prompt(tokenizer, messages))
 
 
 HEADLINE_KEYS = ("ex", "em")  # per split, in `dvc metrics show` / `diff`
@@ -351,11 +432,13 @@ def headline(metrics: dict, baseline: str | None = None) -> dict:
     """The numbers a reviewer compares first, small enough for `dvc metrics show` to print in
     one screen: EX and EM per split and, against the previous model, the EX gain per split.
     The rest stays in the detailed metrics file next to it."""
-    out = {
-        split: {k: metrics[split][k] for k in HEADLINE_KEYS}
-        for split in ("dev", "heldout")
-        if split in metrics
-    }
+    out = {}
+    for name, split in metrics.items():  # dev, heldout and each benchmark set
+        if not (isinstance(split, dict) and "ex" in split and "n" in split):
+            continue  # generation settings, comparisons
+        out[name] = {k: split[k] for k in HEADLINE_KEYS if split.get(k) is not None}
+        if "maj" in split:
+            out[name]["maj"] = split["maj"]["ex"]
     compared = metrics.get(f"vs_{baseline}") if baseline else None
     if compared:
         out["gain"] = {split: result["diff"] for split, result in compared.items()}

@@ -4,10 +4,11 @@
 
 - `dvc params diff` and `dvc metrics diff` as tables;
 - EX/EM per evaluated model and per hardness, with deltas;
+- EX per evaluation set (Spider dev and held-out, eval.sets) per model, greedy and maj@k;
 - the dev questions whose verdict flipped (from data/predictions/, both predictions shown);
 - plots rendered to PNG with matplotlib, because the HTML of `dvc plots show` needs a CDN and
   does not render offline: loss and reward over optimizer steps (raw and smoothed, both
-  revisions), EX by hardness per model beside the baseline's.
+  revisions), EX by hardness per model beside the baseline's, EX per set per model.
 The workspace is the "new" side; the baseline is any git revision.
 """
 
@@ -116,6 +117,52 @@ def accuracy_table(old: dict[str, dict | None], new: dict[str, dict | None]) -> 
                 f" | {_fmt(c.get('em'))} | {_delta(c.get('em'), b.get('em'))} | {c.get('n')} |"
             )
     return "\n".join(lines) + "\n"
+
+
+def evaluation_sets(evals: dict[str, dict | None]) -> list[str]:
+    """The splits and benchmark sets the models were scored on, in the order evaluated."""
+    names: list[str] = []
+    for metrics in evals.values():
+        for name, split in (by_split(metrics) or {}).items():
+            if isinstance(split, dict) and "n" in split and name not in names:
+                names.append(name)  # not generation settings or comparisons
+    return names
+
+
+def benchmark_table(evals: dict[str, dict | None]) -> str:
+    """One row per model, one column per set: greedy EX, and maj@k in brackets where the
+    model was voted on; n and the skipped questions per set below the table."""
+    sets = evaluation_sets(evals)
+    lines = [
+        "| model | " + " | ".join(sets) + " |",
+        "|---|" + "---|" * len(sets),
+    ]
+    for stage, label in MODELS.items():
+        splits = by_split(evals.get(stage))
+        if not splits:
+            continue
+        cells = []
+        for name in sets:
+            split = splits.get(name) or {}
+            maj = split.get("maj")
+            cells.append(
+                _pct(split.get("ex")) + (f" (maj@{maj['k']} {_pct(maj['ex'])})" if maj else "")
+            )
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    first = {  # each set's counts, from the first model scored on it
+        name: next(by_split(m)[name] for m in evals.values() if name in (by_split(m) or {}))
+        for name in sets
+    }
+    counts = ", ".join(
+        f"{name} {split['n']} scored"
+        + (f" ({split['skipped']} skipped)" if split.get("skipped") else "")
+        for name, split in first.items()
+    )
+    return "\n".join(lines) + f"\n\nQuestions: {counts}.\n"
+
+
+def _pct(value) -> str:
+    return "—" if value is None else f"{100 * value:.1f}%"
 
 
 def _nontrivial(cur: dict, base: dict) -> tuple[dict, dict]:
@@ -299,7 +346,34 @@ def render_plots(
         fig.savefig(out_dir / "ex_by_hardness.png", dpi=100)
         plt.close(fig)
         names.append("ex_by_hardness.png")
+    if stages and evaluation_sets(new_evals):
+        names.append(_plot_sets(plt, out_dir, new_evals, stages))
     return names
+
+
+def _plot_sets(plt, out_dir: Path, evals: dict, stages: list[str]) -> str:
+    """Greedy EX per evaluation set, one bar per model (its benchmark's own EX rule)."""
+    sets = evaluation_sets(evals)
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    width = 0.8 / len(stages)
+    for k, stage in enumerate(stages):
+        splits = by_split(evals[stage]) or {}
+        ax.bar(
+            [i + k * width for i in range(len(sets))],
+            [(splits.get(name) or {}).get("ex") or 0 for name in sets],
+            width,
+            label=MODELS[stage],
+            color=f"C{k}",
+        )
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(sets))], sets, fontsize=8)
+    top = max([b.get_height() for b in ax.patches] + [0.05])
+    ax.set(title="EX per evaluation set (greedy; each set by its benchmark's rule)", ylabel="EX")
+    ax.set_ylim(0, min(1.0, top * 1.3))
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "ex_by_set.png", dpi=100)
+    plt.close(fig)
+    return "ex_by_set.png"
 
 
 def build_report(baseline: str, out_dir: Path, root: str | Path = ".") -> Path:
@@ -322,6 +396,8 @@ def build_report(baseline: str, out_dir: Path, root: str | Path = ".") -> Path:
         f"# Pipeline report: this revision vs `{baseline}`\n",
         "## Accuracy on Spider dev (EX: execution, EM: exact set match)\n",
         accuracy_table(old_evals, new_evals),
+        "## EX per evaluation set (greedy; maj@k where voted)\n",
+        benchmark_table(new_evals),
         "## Parameters (`dvc params diff`)\n",
         dvc_diff_table("params", baseline, root),
         "## Metrics (`dvc metrics diff`)\n",

@@ -6,6 +6,9 @@ predictions:
     python -m sqlrl.eval.score --gold dev_gold.sql --pred pred.sql --db database/ \\
         --table tables.json --out report.json
     python -m sqlrl.eval.score --pred data/predictions/final.jsonl --spider data/raw/spider
+    python -m sqlrl.eval.score --bird data/raw/bird-dev --pred predict_dev.json
+    python -m sqlrl.eval.score --pred data/predictions/final_sets/bird_dev.jsonl \\
+        --bird data/raw/bird-dev
 
 GOLD holds `SQL<TAB>db_id` per line, PRED one SQL per line (same count); or PRED is a JSONL
 file of rows holding `gold`, `db_id` and `pred` (the evaluate stage's data/predictions/*.jsonl;
@@ -17,6 +20,12 @@ skipped ones counted as wrong (correct / (n + skipped)), the denominator publish
 numbers use (all 1,034 dev questions), also per hardness. `ex_nontrivial` is EX without the
 questions whose gold result is empty or only 0/NULL (`n_trivial_gold`), which a wrong query
 matches easily. The same report comes from `score_predictions` for in-process callers.
+
+BIRD (--bird DIR, a BIRD release: dev_databases/, dev_tables.json, dev_gold.sql, dev.json) is
+scored by BIRD's own rule, as its evaluation_ex.py does: the predicted and gold results
+compared as sets of rows, EX per difficulty (simple / moderate / challenging), no EM. PRED is
+BIRD's predict_dev.json ({"0": "SQL\t----- bird -----\tdb_id", ...}), one SQL a line, or
+the pipeline's predictions JSONL (a row with `"format": "bird"` selects BIRD's rule itself).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ import json
 import math
 import sys
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlrl.progress import Progress
@@ -33,6 +43,7 @@ from sqlrl.sql.executor import ExecLimits
 from sqlrl.sql.judge import Judgement, JudgePool
 
 HARDNESS_LEVELS = ("easy", "medium", "hard", "extra")
+BIRD_LEVELS = ("simple", "moderate", "challenging")
 EVAL_TIMEOUT_S = 10.0  # per query; rewards use 5 s, evaluation can afford more
 _ERROR_CHARS = 200
 _pools: dict[tuple, JudgePool] = {}
@@ -51,19 +62,37 @@ def score_predictions(
     limits: ExecLimits | None = None,
     keep_distinct: bool = False,
     progress: bool = True,
+    *,
+    rules: str = "spider",
+    db_paths: list[str] | None = None,
+    difficulties: list[str | None] | None = None,
 ) -> dict:
-    """The report (see module docstring) for `preds` against `gold` [(sql, db_id), ...]."""
+    """The report (see module docstring) for `preds` against `gold` [(sql, db_id), ...].
+
+    `rules` is the benchmark's: "spider" (test-suite EX, EM and hardness) or "bird" (EX on
+    result sets, reported by BIRD's `difficulties`; no EM). `db_paths` gives each item's
+    database file where db_dir's layout does not (a set spread over several folders)."""
     if len(gold) != len(preds):
         raise ScoreInputError(f"{len(gold)} gold items but {len(preds)} predictions")
     schemas = _schemas(tables_json)
-    db_dir = Path(db_dir)
+    paths = db_paths or [Path(db_dir) / db_id / f"{db_id}.sqlite" for _, db_id in gold]
     items = [
-        (str((db_dir / db_id / f"{db_id}.sqlite").absolute()), sql, pred)
-        for (sql, db_id), pred in zip(gold, preds, strict=False)
+        (str(Path(path).absolute()), sql, pred)
+        for path, (sql, _), pred in zip(paths, gold, preds, strict=True)
     ]
-    pool = _pool(limits or ExecLimits(timeout_s=EVAL_TIMEOUT_S), workers, keep_distinct)
+    limits = limits or ExecLimits(timeout_s=EVAL_TIMEOUT_S)
+    pool = _pool(limits, workers, keep_distinct, rules)
     with Progress(len(items), "score", unit="query", enabled=progress) as bar:
         judgements = pool.judge_many(items, progress=bar.update)
+    if rules == "bird":
+        levels = difficulties or [None] * len(gold)
+        report_items = [
+            _bird_item(i, db_id, judgement, level, schemas.get(db_id))
+            for i, ((_, db_id), judgement, level) in enumerate(
+                zip(gold, judgements, levels, strict=True)
+            )
+        ]
+        return _summary(report_items, "difficulty", BIRD_LEVELS)
     report_items = [
         _item(i, sql, db_id, pred, judgement, schemas.get(db_id))
         for i, ((sql, db_id), pred, judgement) in enumerate(
@@ -82,11 +111,11 @@ def _schemas(tables_json) -> dict[str, dict]:
         raise ScoreInputError(f"{tables_json}: cannot read the schemas: {exc}") from None
 
 
-def _pool(limits: ExecLimits, workers: int | None, keep_distinct: bool) -> JudgePool:
+def _pool(limits: ExecLimits, workers: int | None, keep_distinct: bool, rules: str) -> JudgePool:
     """A judge pool per configuration, kept for later calls in this process."""
-    key = (limits, workers, keep_distinct)
+    key = (limits, workers, keep_distinct, rules)
     if key not in _pools:
-        _pools[key] = JudgePool(limits, workers, keep_distinct)
+        _pools[key] = JudgePool(limits, workers, keep_distinct, semantics=rules)
     return _pools[key]
 
 
@@ -124,6 +153,27 @@ def _item(
     }
 
 
+def _bird_item(
+    index: int, db_id: str, judgement: Judgement, difficulty: str | None, schema: dict | None
+) -> dict:
+    """One line of a BIRD report: EX as BIRD's evaluator counts it, and the difficulty."""
+    status = judgement.status
+    error = judgement.error if status != "ok" or not judgement.match else ""
+    if schema is None:
+        error = (error + "; " if error else "") + f"db_id {db_id!r} is not in the tables file"
+    return {
+        "index": index,
+        "db_id": db_id,
+        "difficulty": difficulty,
+        "status": status,
+        "ex": None if status == "skipped" else int(judgement.match),
+        "em": None,
+        "error": error[:_ERROR_CHARS],
+        "gold_failed": judgement.gold_status not in ("ok", "skipped"),
+        "gold_trivial": judgement.gold_trivial,
+    }
+
+
 def _safely(fn, *args):
     """EM and hardness parse SQL; a prediction they cannot parse is simply not a match."""
     try:
@@ -141,15 +191,18 @@ def _fraction_all(items: list[dict]) -> float | None:
     return _fraction([it["ex"] or 0 for it in items])
 
 
-def _summary(items: list[dict]) -> dict:
-    """Fractions over the non-skipped items, per hardness level, and error counts."""
+def _summary(
+    items: list[dict], level_key: str = "hardness", levels: tuple[str, ...] = HARDNESS_LEVELS
+) -> dict:
+    """Fractions over the non-skipped items, per level (Spider's hardness or BIRD's
+    difficulty), and error counts."""
     scored = [it for it in items if it["status"] != "skipped"]
     statuses = Counter(it["status"] for it in scored)
-    by_hardness = {}
-    for level in HARDNESS_LEVELS:
-        every = [it for it in items if it["hardness"] == level]
+    by_level = {}
+    for level in levels:
+        every = [it for it in items if it[level_key] == level]
         here = [it for it in every if it["status"] != "skipped"]
-        by_hardness[level] = {
+        by_level[level] = {
             "n": len(here),
             "ex": _fraction([it["ex"] for it in here]),
             "ex_all": _fraction_all(every),
@@ -168,7 +221,7 @@ def _summary(items: list[dict]) -> dict:
         "n": len(scored),
         "skipped": len(items) - len(scored),
         "total": len(items),
-        "by_hardness": by_hardness,
+        f"by_{level_key}": by_level,
         "errors": {"error": statuses["error"], "timeout": statuses["timeout"]},
         "gold_failed": sum(1 for it in scored if it["gold_failed"]),
         "items": items,
@@ -204,8 +257,8 @@ def is_jsonl(path) -> bool:
     return first.lstrip().startswith("{")
 
 
-def read_prediction_rows(path) -> tuple[list[tuple[str, str]], list[str]]:
-    """(gold [(SQL, db_id)], predictions) from the pipeline's predictions JSONL."""
+def read_prediction_rows(path) -> tuple[list[tuple[str, str]], list[str], list[dict]]:
+    """(gold [(SQL, db_id)], predictions, the rows) from the pipeline's predictions JSONL."""
     from sqlrl.errors import PipelineError
     from sqlrl.jsonio import read_jsonl
 
@@ -213,7 +266,7 @@ def read_prediction_rows(path) -> tuple[list[tuple[str, str]], list[str]]:
         rows = read_jsonl(path, PREDICTION_KEYS)
     except PipelineError as exc:
         raise ScoreInputError(str(exc)) from None
-    return [(r["gold"], r["db_id"]) for r in rows], [r["pred"] or "" for r in rows]
+    return [(r["gold"], r["db_id"]) for r in rows], [r["pred"] or "" for r in rows], rows
 
 
 def _lines(path) -> list[str]:
@@ -260,6 +313,11 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--gold", help="SQL<TAB>db_id per line (dev_gold.sql); not with JSONL")
     parser.add_argument("--spider", help="a Spider release folder: its database/ and tables.json")
     parser.add_argument(
+        "--bird",
+        help="a BIRD release folder (dev_databases/, dev_tables.json, dev_gold.sql, dev.json): "
+        "BIRD's rule, EX on result sets by difficulty",
+    )
+    parser.add_argument(
         "--db", help="the folder of <db_id>/<db_id>.sqlite (default SPIDER/database)"
     )
     parser.add_argument("--table", help="tables.json (default SPIDER/tables.json)")
@@ -277,47 +335,110 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _inputs(args, parser) -> tuple[list[tuple[str, str]], list[str], str, str]:
-    """(gold, predictions, database folder, tables.json) from the command line."""
-    db = args.db or (args.spider and str(Path(args.spider) / "database"))
-    table = args.table or (args.spider and str(Path(args.spider) / "tables.json"))
+@dataclass
+class Inputs:
+    """What one scoring run compares, resolved from the command line."""
+
+    gold: list[tuple[str, str]]
+    preds: list[str]
+    db: str
+    table: str
+    rules: str = "spider"
+    difficulties: list[str | None] | None = None
+
+
+BIRD_FILES = {"db": "dev_databases", "table": "dev_tables.json", "gold": "dev_gold.sql"}
+BIRD_MARK = "\t----- bird -----\t"  # BIRD's predict_dev.json: "SQL<mark>db_id"
+
+
+def _inputs(args, parser) -> Inputs:
+    """Gold, predictions, databases, tables file and rules from the command line."""
+    release = args.bird or args.spider
+    files = BIRD_FILES if args.bird else {"db": "database", "table": "tables.json"}
+    db = args.db or (release and str(Path(release) / files["db"]))
+    table = args.table or (release and str(Path(release) / files["table"]))
     if not (db and table):
-        parser.error("give --spider DIR, or both --db and --table")
-    if args.gold:
-        gold = read_gold(args.gold)  # named first when both files are unreadable
-        if is_jsonl(args.pred):
+        parser.error("give --spider DIR or --bird DIR, or both --db and --table")
+    if is_jsonl(args.pred) and not is_bird_predictions(args.pred):
+        if args.gold:
             parser.error(f"{args.pred} is a predictions JSONL: its rows hold the gold, drop --gold")
-        preds = read_preds(args.pred)
-    elif is_jsonl(args.pred):
-        gold, preds = read_prediction_rows(args.pred)
-        return gold, preds, db, table
-    else:
+        gold, preds, rows = read_prediction_rows(args.pred)
+        bird = bool(args.bird) or any(row.get("format") == "bird" for row in rows)
+        levels = [row.get("difficulty") for row in rows] if bird else None
+        return Inputs(gold, preds, db, table, "bird" if bird else "spider", levels)
+    gold_file = args.gold or (args.bird and str(Path(args.bird) / BIRD_FILES["gold"]))
+    if not gold_file:
         parser.error("--gold is needed with one SQL a line (or give a predictions JSONL)")
-    # a file that ends in blank lines has no predictions there: drop them before counting
-    while len(preds) > len(gold) and preds and not preds[-1]:
-        preds.pop()
+    gold = read_gold(gold_file)  # named first when both files are unreadable
+    preds = read_bird_predictions(args.pred) if is_bird_predictions(args.pred) else None
+    if preds is None:
+        preds = read_preds(args.pred)
+        # a file that ends in blank lines has no predictions there: drop them before counting
+        while len(preds) > len(gold) and preds and not preds[-1]:
+            preds.pop()
     if len(gold) != len(preds):
         raise ScoreInputError(
-            f"{args.gold} has {len(gold)} gold items but {args.pred} has "
+            f"{gold_file} has {len(gold)} gold items but {args.pred} has "
             f"{len(preds)} predictions; they must match line for line"
         )
-    return gold, preds, db, table
+    if not args.bird:
+        return Inputs(gold, preds, db, table)
+    return Inputs(gold, preds, db, table, "bird", read_difficulties(args.bird, len(gold)))
+
+
+def is_bird_predictions(path) -> bool:
+    """BIRD's predict_dev.json: one JSON object mapping question indices to marked SQL."""
+    if not str(path).endswith(".json"):
+        return False
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and all(isinstance(v, str) for v in data.values())
+
+
+def read_bird_predictions(path) -> list[str]:
+    """The SQL of BIRD's predict_dev.json, in question order (the text before BIRD's mark)."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    try:
+        order = sorted(data, key=int)
+    except ValueError:
+        raise ScoreInputError(f"{path}: keys must be question indices (0, 1, ...)") from None
+    if [int(k) for k in order] != list(range(len(order))):
+        raise ScoreInputError(f"{path}: question indices must run 0..{len(order) - 1}")
+    return [data[k].split(BIRD_MARK)[0].strip() for k in order]
+
+
+def read_difficulties(bird_dir, n: int) -> list[str | None]:
+    """Each question's difficulty from the release's dev.json (None where it has none)."""
+    path = Path(bird_dir) / "dev.json"
+    if not path.is_file():
+        return [None] * n
+    try:
+        items = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise ScoreInputError(f"{path}: not valid JSON: {exc}") from None
+    if len(items) != n:
+        raise ScoreInputError(f"{path} has {len(items)} questions but the gold has {n}")
+    return [item.get("difficulty") for item in items]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     try:
-        gold, preds, db, table = _inputs(args, parser)
+        inputs = _inputs(args, parser)
         report = score_predictions(
-            gold,
-            preds,
-            db,
-            table,
+            inputs.gold,
+            inputs.preds,
+            inputs.db,
+            inputs.table,
             args.workers,
             ExecLimits(timeout_s=args.timeout),
             args.keep_distinct,
             progress=not args.no_progress,
+            rules=inputs.rules,
+            difficulties=inputs.difficulties,
         )
     except (ScoreInputError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -332,6 +453,13 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
+    if inputs.rules == "bird":
+        levels = "  ".join(
+            f"{level} {_percent(m['ex'])} (n={m['n']})"
+            for level, m in report["by_difficulty"].items()
+        )
+        print(f"BIRD EX {_percent(report['ex'])}  {levels}  skipped={report['skipped']}")
+        return 0
     print(
         f"EX {_percent(report['ex'])}  EM {_percent(report['em'])}  n={report['n']} "
         f"skipped={report['skipped']}  EX with skipped as wrong {_percent(report['ex_all'])}"

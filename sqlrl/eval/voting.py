@@ -7,21 +7,26 @@ from __future__ import annotations
 from collections.abc import Callable
 
 
-def vote(verdicts) -> tuple[int, int]:
+def vote(verdicts, rules: str = "spider") -> tuple[int, int]:
     """(index of the chosen candidate, its votes) from the candidates' execution verdicts.
 
-    Candidates whose results are equal as EX judges results (sqlrl.sql.equality: rows as a
-    multiset, columns in any order) form a group; the first member of the largest group wins,
-    the group seen first on ties. (0, 0) when no candidate ran.
+    Candidates whose results are equal as the benchmark's EX judges results (Spider,
+    sqlrl.sql.equality: rows as a multiset, columns in any order; BIRD: rows as a set) form a
+    group; the first member of the largest group wins, the group seen first on ties. (0, 0)
+    when no candidate ran.
     """
     from sqlrl.sql.equality import results_match
+    from sqlrl.sql.judge import bird_results_match
+
+    def same(a, b) -> bool:
+        return bird_results_match(a, b) if rules == "bird" else results_match(a, b, ordered=False)
 
     groups: list[list[int]] = []
     for i, verdict in enumerate(verdicts):
         if verdict.status != "ok":
             continue
         for members in groups:
-            if results_match(verdicts[members[0]].rows, verdict.rows, ordered=False):
+            if same(verdicts[members[0]].rows, verdict.rows):
                 members.append(i)
                 break
         else:
@@ -37,6 +42,7 @@ def self_consistency(
     db_paths: list[str],
     executor=None,
     fix: Callable[[int, str], str] | None = None,
+    rules: str = "spider",
 ) -> tuple[list[str], list[int], list[str]]:
     """(chosen SQL, votes, chosen raw text) per question from N sampled texts each.
     `fix(question index, sql)` rewrites each candidate before it runs (schema repair)."""
@@ -53,7 +59,7 @@ def self_consistency(
         if fix is not None:
             sqls = [fix(q, sql) for sql in sqls]
         verdicts = [executor.execute(db_path, sql) for sql in sqls]
-        index, count = vote(verdicts)
+        index, count = vote(verdicts, rules)
         chosen.append(sqls[index])
         votes.append(count)
         texts.append(candidates[index])

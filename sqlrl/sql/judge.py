@@ -53,8 +53,21 @@ class Judgement:
         return "ok" if self.gold_status == "ok" else "error"
 
 
+SEMANTICS = ("spider", "bird")
+
+
+def bird_results_match(gold_rows, pred_rows) -> bool:
+    """BIRD's official EX (its evaluation_ex.py): the two results as sets of rows, so row
+    order and duplicate rows do not count, column order does."""
+    return set(gold_rows) == set(pred_rows)
+
+
 class Judge:
     """Executes gold (cached) and prediction on one database and compares the results.
+
+    `semantics` picks the benchmark's rule: "spider" (test-suite EX: rows as a multiset, in
+    order when the gold query sorts, columns in any order, DISTINCT normalised as Spider's
+    evaluator does) or "bird" (the SQL runs as written; results compared as sets).
 
     With `shortcuts` (rewards), work that cannot change the verdict is skipped: a prediction
     whose SQL is the gold SQL reuses the gold result, and a prediction's rows stop being read
@@ -63,11 +76,18 @@ class Judge:
     """
 
     def __init__(
-        self, limits: ExecLimits | None = None, keep_distinct: bool = False, shortcuts: bool = False
+        self,
+        limits: ExecLimits | None = None,
+        keep_distinct: bool = False,
+        shortcuts: bool = False,
+        semantics: str = "spider",
     ):
+        if semantics not in SEMANTICS:
+            raise ValueError(f"semantics must be one of {SEMANTICS}, got {semantics!r}")
         self.executor = SQLExecutor(limits)
         self.keep_distinct = keep_distinct
         self.shortcuts = shortcuts
+        self.semantics = semantics
 
     def judge(self, db_path: str, gold_sql: str, pred_sql: str) -> Judgement:
         """Never raises: an internal failure is an 'error' judgement."""
@@ -79,7 +99,9 @@ class Judge:
             if self.shortcuts and gold.ok and _same_text(pred_sql, self._normalize(gold_sql)):
                 pred = gold
             else:
-                stop = len(gold.rows) if self.shortcuts and gold.ok else None
+                # BIRD's sets: more rows than the gold result can still be equal to it
+                early = self.shortcuts and gold.ok and self.semantics == "spider"
+                stop = len(gold.rows) if early else None
                 pred = self.executor.execute(db_path, pred_sql, stop_after=stop)
             trivial = gold.ok and trivial_result(gold.rows)
             if pred.status != "ok":
@@ -90,13 +112,19 @@ class Judge:
                 )
             if pred.truncated:
                 return Judgement("ok", "ok", False, "more rows than the gold result", trivial)
-            match = results_match(gold.rows, pred.rows, order_matters(gold_sql))
+            if self.semantics == "bird":
+                match = bird_results_match(gold.rows, pred.rows)
+            else:
+                match = results_match(gold.rows, pred.rows, order_matters(gold_sql))
             return Judgement("ok", "ok", match, "" if match else "result differs", trivial)
         except Exception as exc:
             return Judgement("error", "error", False, f"internal: {type(exc).__name__}: {exc}")
 
     def _normalize(self, sql):
-        """DISTINCT handling and operator joining; oversized text goes on to be refused."""
+        """DISTINCT handling and operator joining (Spider's rule; BIRD runs the SQL as
+        written); oversized text goes on to be refused."""
+        if self.semantics == "bird":
+            return sql
         if isinstance(sql, str) and len(sql) <= self.executor.limits.max_sql_chars:
             return normalize_sql(sql, self.keep_distinct)
         return sql
@@ -121,9 +149,9 @@ def _same_text(a, b) -> bool:
 _worker = threading.local()
 
 
-def _init_worker(limits: ExecLimits, keep_distinct: bool, shortcuts: bool) -> None:
+def _init_worker(limits: ExecLimits, keep_distinct: bool, shortcuts: bool, semantics: str) -> None:
     """Pool initializer: one Judge per worker process (or thread), kept across batches."""
-    _worker.judge = Judge(limits, keep_distinct, shortcuts)
+    _worker.judge = Judge(limits, keep_distinct, shortcuts, semantics)
 
 
 def _judge_chunk(chunk: list[Item]) -> list[Judgement]:
@@ -143,8 +171,8 @@ class JudgePool:
     """Judges batches of items in parallel, in workers that persist across calls.
 
     `backend` is "process" (spawned processes, safe after CUDA is initialised) or "thread".
-    With `workers` <= 1, or a small batch, items are judged in this process. `shortcuts`:
-    see `Judge`.
+    With `workers` <= 1, or a small batch, items are judged in this process. `shortcuts`
+    and `semantics`: see `Judge`.
     """
 
     def __init__(
@@ -154,6 +182,7 @@ class JudgePool:
         keep_distinct: bool = False,
         backend: str = "process",
         shortcuts: bool = False,
+        semantics: str = "spider",
     ):
         if backend not in ("process", "thread"):
             raise ValueError(f"backend must be 'process' or 'thread', got {backend!r}")
@@ -162,6 +191,7 @@ class JudgePool:
         self.keep_distinct = keep_distinct
         self.backend = backend
         self.shortcuts = shortcuts
+        self.semantics = semantics
         self._pool: Executor | None = None
         self._inline: Judge | None = None
         self._recent: OrderedDict[Item, Judgement] = OrderedDict()
@@ -219,7 +249,7 @@ class JudgePool:
 
     def _get_pool(self) -> Executor:
         if self._pool is None:
-            args = (self.limits, self.keep_distinct, self.shortcuts)
+            args = (self.limits, self.keep_distinct, self.shortcuts, self.semantics)
             if self.backend == "thread":
                 self._pool = ThreadPoolExecutor(
                     self.workers, initializer=_init_worker, initargs=args
@@ -235,7 +265,7 @@ class JudgePool:
 
     def _inline_judge(self) -> Judge:
         if self._inline is None:
-            self._inline = Judge(self.limits, self.keep_distinct, self.shortcuts)
+            self._inline = Judge(self.limits, self.keep_distinct, self.shortcuts, self.semantics)
         return self._inline
 
     def _remember(self, item: Item, judgement: Judgement) -> None:
