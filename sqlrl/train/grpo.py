@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import statistics
 import time
@@ -274,6 +275,7 @@ def train_grpo(
         trainer.save_model(str(folder))  # every process takes part (sharded models)
         if writer:
             tokenizer.save_pretrained(folder)
+            sort_adapter_config(folder)
 
     save_atomically(out_dir, save, writer, wait_for_everyone)
     if live is not None:
@@ -291,6 +293,17 @@ def train_grpo(
         metrics["steps"],
     )
     return metrics
+
+
+def sort_adapter_config(folder: Path) -> None:
+    """PEFT writes target_modules from a Python set, in an order that changes with each
+    process's string hashing: sorted, the same run saves the same bytes (and DVC the same
+    hash)."""
+    path = Path(folder) / "adapter_config.json"
+    config = json.loads(path.read_text(encoding="utf-8"))
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+        path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _run_settings(trainer, params: GrpoParams) -> dict:
