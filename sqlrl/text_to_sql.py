@@ -115,7 +115,7 @@ class TextToSQL:
     ):
         from sqlrl.data.prompt_settings import PromptSettings
         from sqlrl.model.generate import make_generator
-        from sqlrl.serve.prompting import PromptBuilder
+        from sqlrl.prompt_builder import PromptBuilder
         from sqlrl.sql.executor import ExecLimits, SQLExecutor
 
         self.settings = PromptSettings.for_model(model_dir, **prompt_overrides)

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from sqlrl.data.prompt_settings import write_prompt_settings
+from sqlrl.prompt_builder import PromptBuilder
 from sqlrl.serve import PromptSettings, ServeConfig
-from sqlrl.serve.prompting import PromptBuilder
 from tests.repo_tools import REPO_ROOT, SPIDER_DIR
 
 SETTINGS = PromptSettings("compact", 0, "You are a text-to-SQL assistant.")

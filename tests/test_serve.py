@@ -13,6 +13,7 @@ import dataclasses
 import json
 import re
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -25,9 +26,9 @@ import torch
 from fastapi.testclient import TestClient  # a hard dependency: never skip these tests
 
 from sqlrl.data.prompt_settings import PromptSettingsError, write_prompt_settings
+from sqlrl.prompt_builder import PromptBuilder
 from sqlrl.serve import PromptSettings, ServeConfig, create_app, schema_from_ddl
 from sqlrl.serve.backends import BackendOptions, BatchingBackend, Busy, make_backend
-from sqlrl.serve.prompting import PromptBuilder
 from tests.repo_tools import SPIDER_DIR
 from tests.serve_helpers import (
     CONCERT_DDL,
@@ -1127,7 +1128,7 @@ def test_health_answers_while_ddl_is_parsed_and_ddl_size_is_bounded(
     waits; parsed on the event loop, the server could not answer until the gate opens."""
     import httpx
 
-    from sqlrl.serve import prompting
+    from sqlrl import prompt_builder as prompting
 
     parse, parsing, release = prompting.schema_from_ddl, threading.Event(), threading.Event()
 
@@ -1290,3 +1291,13 @@ def test_every_serve_flag_is_described_with_its_environment_variable():
         assert action.help and action.help.split(" [")[0] != words, flag
         if action.dest != "log_level":
             assert f"[SQLRL_{action.dest.upper()}]" in action.help, flag
+
+
+def test_the_python_api_builds_its_prompts_without_the_http_package():
+    """TextToSQL and the prompt builder it shares with the server import no FastAPI."""
+    code = (
+        "import sys, sqlrl.text_to_sql, sqlrl.prompt_builder; "
+        "print(sorted(m for m in ('fastapi', 'starlette', 'uvicorn') if m in sys.modules))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

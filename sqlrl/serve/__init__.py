@@ -26,8 +26,8 @@ SQLRL_SPIDER_DIR, SQLRL_BACKEND, SQLRL_MAX_BATCH_SIZE, SQLRL_REQUEST_TIMEOUT_S, 
 from __future__ import annotations
 
 from sqlrl.data.prompt_settings import PromptSettings
+from sqlrl.prompt_builder import schema_from_ddl
 from sqlrl.serve.cli import config_from_env, main
-from sqlrl.serve.prompting import schema_from_ddl
 from sqlrl.serve.service import GenerateRequest, ServeConfig, create_app
 
 __all__ = [

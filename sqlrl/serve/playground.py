@@ -26,8 +26,8 @@ from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel, ConfigDict
 
 from sqlrl.feedback import FeedbackStore, Judgement
+from sqlrl.prompt_builder import InputError
 from sqlrl.serve.http_errors import HTTPError, check_text
-from sqlrl.serve.prompting import InputError
 from sqlrl.serve.service import Service, guarded, json_body_schema
 
 log = logging.getLogger("sqlrl.serve")

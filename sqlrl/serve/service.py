@@ -36,6 +36,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 from sqlrl.data.prompt_settings import PromptSettings, PromptSettingsError
+from sqlrl.prompt_builder import InputError, PromptBuilder
 from sqlrl.serve.backends import BackendOptions, Busy, NotReady, make_backend
 from sqlrl.serve.http_errors import (
     CLOSE,
@@ -45,7 +46,6 @@ from sqlrl.serve.http_errors import (
     validation_message,
     validation_param,
 )
-from sqlrl.serve.prompting import InputError, PromptBuilder
 from sqlrl.text_to_sql import Answer, answer_from, extract_sqls
 
 log = logging.getLogger("sqlrl.serve")

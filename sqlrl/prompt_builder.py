@@ -1,5 +1,6 @@
-"""Served prompts, built exactly as training built them (sqlrl.data.prompts + the prompt settings
-saved with the model, sqlrl_prompt.json).
+"""Prompts for a trained model, built exactly as training built them (sqlrl.data.prompts + the
+prompt settings saved with the model, sqlrl_prompt.json): what the server and the Python API
+(`TextToSQL`) send, so the Python API needs nothing of the HTTP package.
 
 Three ways a request names its schema:
 - `schema_str`: schema text already serialised by the caller; used as it is.
