@@ -16,7 +16,7 @@ from sqlrl.eval.evaluate import evaluate_model, evaluate_split
 from sqlrl.eval.voting import vote
 from sqlrl.jsonio import read_json, read_jsonl
 from sqlrl.params import EvalParams
-from tests.repo_tools import REPO_ROOT
+from tests.repo_tools import write_fixed_params
 from tests.test_generate import tiny  # noqa: F401  (the tiny-model fixture)
 
 GOLD_COUNT = "SELECT count(*) FROM singer"
@@ -294,10 +294,13 @@ def test_stage_writes_metrics_and_predictions_with_a_tiny_model(
     (prepared / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dev))
     (prepared / "heldout.jsonl").write_text("")
     shutil.copytree(model_path, tmp_path / "models" / "tiny")
-    params = (
-        (REPO_ROOT / "params.yaml").read_text().replace("max_new_tokens: 128", "max_new_tokens: 6")
+    write_fixed_params(
+        tmp_path / "params.yaml",
+        "eval.max_new_tokens=6",
+        "eval.batch_size=8",
+        "eval.num_samples=1",
+        "eval.use_vllm=false",
     )
-    (tmp_path / "params.yaml").write_text(params)
 
     def run(model: str) -> int:
         out = tmp_path / "data" / "predictions"
