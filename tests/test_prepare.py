@@ -276,10 +276,14 @@ def test_max_prompt_tokens_trims_sample_rows_of_large_schemas_only(mini_root):
     assert set(metrics["sample_rows_reduced"]) == {biggest}
     assert metrics["sample_rows_reduced"][biggest] < 3
     rows = _read(mini_root, "sft.jsonl")
-    assert max(_largest_db_tokens(mini_root, rows).values()) <= budget
+    longest_prompt = max(_largest_db_tokens(mini_root, rows).values())
+    assert longest_prompt <= budget
     dev = [r for r in _read(mini_root, "dev.jsonl") if r["db_id"] == biggest and r["prompt"]]
     train = [r for r in rows if r["db_id"] == biggest]
     schema_of = lambda r: r["prompt"][1]["content"].split("\n\nQuestion:")[0]  # noqa: E731
     assert train and {schema_of(r) for r in train + dev} == {schema_of(train[0])}
     assert f"{metrics['sample_rows_reduced'][biggest]} example rows from" in schema_of(train[0])
-    assert metrics["sft_tokens"]["max"] > 0 and metrics["sft_tokens"]["n"] == len(rows)
+    # what sft.max_length is checked against: whole rows (prompt + SQL), every one counted
+    tokens = metrics["sft_tokens"]
+    assert tokens["n"] == len(rows) and tokens["p50"] <= tokens["p95"] <= tokens["max"]
+    assert longest_prompt < tokens["max"] < longest_prompt + 200  # a row is its prompt + its SQL
