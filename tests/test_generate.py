@@ -549,7 +549,9 @@ def test_pass_rate_filter_samples_through_the_generator_factory(
     assert (sp.n, sp.temperature, sp.max_tokens, sp.seed) == (4, 0.7, 40, 7)
     assert (sp.top_k, sp.top_p, sp.repetition_penalty) == (0, 1.0, 1.0)
     metrics = read_json(tmp_path / "metrics" / "grpo_prompts.json")
-    assert metrics["pass_rate_pool"] == len(sent) > 0
+    # the pool is every prompt whose gold result is not empty: each sampled once, 4 times
+    dropped = metrics["dropped_empty_gold"] + metrics["dropped_gold_error"]
+    assert metrics["pass_rate_pool"] == len(sent) == len(set(sent)) == len(rows) - dropped
     assert metrics["kept"] == len(sent) and metrics["pool_mean_pass_rate"] == 0.5
     kept = read_jsonl(tmp_path / "data" / "grpo_prompts.jsonl")
     assert {render_prompt(tokenizer, r["prompt"]) for r in kept} == set(sent)
