@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from tests.repo_tools import REPO_ROOT, SPIDER_DIR, run_cli, storage_url
+from tests.repo_tools import REPO_ROOT, SPIDER_DIR, fixed_params, run_cli, storage_url
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
@@ -66,32 +66,46 @@ def make_smoke_repo(repo, profile: str = "smoke", overrides: tuple[str, ...] = (
 
 @pytest.fixture(scope="session")
 def smoke_repo(tmp_path_factory):
-    """The smoke profile's whole pipeline, run once for the end-to-end tests."""
+    """The smoke profile's whole pipeline, run once per session and shared by every test
+    that only reads a run (test_pipeline, test_versioning). A test that changes a file in it
+    puts the file back; one that needs another run makes its own with make_smoke_repo and
+    says why."""
     return make_smoke_repo(tmp_path_factory.mktemp("repo"))
 
 
 @pytest.fixture(scope="session")
 def rehearsal_repo(tmp_path_factory):
-    """The reference profile rehearsed on a CPU (qwen-rehearsal), the whole DAG, once."""
+    """The reference profile rehearsed on a CPU (qwen-rehearsal), the whole DAG, once, shared
+    by test_rehearsal (another profile: it cannot be the smoke run)."""
     return make_smoke_repo(tmp_path_factory.mktemp("rehearsal"), profile="qwen-rehearsal")
 
 
 @pytest.fixture(scope="session")
 def prepared_dir(spider_dir, tmp_path_factory):
-    """data/prepared as the prepare stage writes it for the default profile (no augmentation,
-    which only touches sft.jsonl), built from the pulled Spider in a temporary root."""
+    """data/prepared as the prepare stage writes it from the whole of the pulled Spider, in a
+    temporary root, with the prompt format of the cpu profile written out here (compact
+    schema, no sample rows, schema mentions marked, 10% of the training queries held out) and
+    no augmentation (which only touches sft.jsonl)."""
     import dataclasses
 
     from sqlrl.data.prepare import prepare
-    from sqlrl.params import load_params
 
     root = tmp_path_factory.mktemp("prepared_root")
     (root / "data" / "raw").mkdir(parents=True)
     (root / "data" / "raw" / "spider").symlink_to(spider_dir)
-    params = load_params()
+    base = fixed_params().prepare
     prepare_params = dataclasses.replace(
-        params.prepare, augment=dataclasses.replace(params.prepare.augment, copies=0)
+        base,
+        schema_format="compact",
+        sample_rows=0,
+        include_train_others=False,
+        heldout_fraction=0.1,
+        max_train_examples=0,
+        max_dev_examples=0,
+        augment=dataclasses.replace(base.augment, copies=0),
+        mark_schema_mentions=True,
+        max_prompt_tokens=0,
     )
     with contextlib.chdir(root):  # as DVC runs it: rows hold data/raw/spider/... paths
-        prepare(prepare_params, params.seed, "data/raw/spider", "data/prepared")
+        prepare(prepare_params, 42, "data/raw/spider", "data/prepared")
     return root / "data" / "prepared"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import subprocess
 import sys
@@ -9,6 +11,38 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SPIDER_DIR = REPO_ROOT / "data" / "raw" / "spider"  # from `dvc pull`
+# The profile the unit tests compose their params from, never the workspace params.yaml: a
+# change of the default profile must not change a unit test. A test whose assertion depends on
+# a value sets that value itself (an override, or dataclasses.replace).
+TEST_PROFILE = "smoke"
+
+
+@functools.cache
+def _composed(overrides: tuple[str, ...]) -> dict:
+    from sqlrl.params import compose_params
+
+    return compose_params(TEST_PROFILE, list(overrides), conf_dir=REPO_ROOT / "conf")
+
+
+def fixed_params_dict(*overrides: str) -> dict:
+    """params.yaml's content for TEST_PROFILE with Hydra overrides such as
+    `eval.max_new_tokens=6` (a fresh copy: the caller may change it)."""
+    return copy.deepcopy(_composed(overrides))
+
+
+def fixed_params(*overrides: str):
+    """`Params` for TEST_PROFILE with overrides (see fixed_params_dict)."""
+    from sqlrl.params import params_from_dict
+
+    return params_from_dict(fixed_params_dict(*overrides))
+
+
+def write_fixed_params(path: Path, *overrides: str) -> Path:
+    """A params.yaml at `path` for a stage's --params: TEST_PROFILE with overrides."""
+    import yaml
+
+    path.write_text(yaml.safe_dump(fixed_params_dict(*overrides), sort_keys=False))
+    return path
 
 
 def run_cli(args: list[str], cwd: Path, env: dict | None = None) -> str:

@@ -76,10 +76,10 @@ def trained_model(tmp_path_factory) -> Path:
 
 def save_prompt_settings(model_dir, settings: PromptSettings) -> None:
     """What the sft stage does: the prompt settings of training saved with the model."""
-    from sqlrl.params import load_params
+    from tests.repo_tools import fixed_params
 
     prepare = dataclasses.replace(
-        load_params().prepare,
+        fixed_params().prepare,
         schema_format=settings.schema_format,
         sample_rows=settings.sample_rows,
         system_prompt=settings.system_prompt,

@@ -25,7 +25,7 @@ from sqlrl.data.augment import (
 )
 from sqlrl.data.prepare import prepare
 from sqlrl.data.spider import Column, Schema, Table, load_schemas
-from sqlrl.params import load_params
+from tests.repo_tools import fixed_params
 
 SCHEMA = Schema(
     "d",
@@ -133,9 +133,12 @@ def _one_database_root(tmp_path, spider_dir, db="department_management"):
 
 
 def _prepare_with_copies(root, copies, rename_prob=0.5):
-    base = load_params().prepare
+    base = fixed_params().prepare
     params = dataclasses.replace(
         base,
+        schema_format="compact",
+        sample_rows=0,
+        max_train_examples=0,
         heldout_fraction=0.0,
         mark_schema_mentions=False,
         augment=dataclasses.replace(
@@ -175,9 +178,11 @@ def test_augmented_rows_do_not_depend_on_the_hash_seed(tmp_path, spider_dir):
     """A rerun of prepare (a new process, a new PYTHONHASHSEED) writes the same sft.jsonl."""
     root = _one_database_root(tmp_path, spider_dir)
     code = (
-        "import sys, dataclasses; from pathlib import Path; from sqlrl.params import load_params; "
-        "from sqlrl.data.prepare import prepare; b = load_params().prepare; "
-        "prepare(dataclasses.replace(b, heldout_fraction=0.0, mark_schema_mentions=True, "
+        "import sys, dataclasses; from pathlib import Path; "
+        "from tests.repo_tools import fixed_params; "
+        "from sqlrl.data.prepare import prepare; b = fixed_params().prepare; "
+        "prepare(dataclasses.replace(b, schema_format='compact', sample_rows=0, "
+        "max_train_examples=0, heldout_fraction=0.0, mark_schema_mentions=True, "
         "augment=dataclasses.replace(b.augment, copies=2, shuffle_schema=True, "
         "rename_prob=0.5)), 42, Path(sys.argv[1], 'data/raw/spider'), "
         "Path(sys.argv[1], 'data/prepared'))"

@@ -503,7 +503,7 @@ def test_pass_rate_filter_samples_through_the_generator_factory(
 
     from sqlrl.jsonio import read_json, read_jsonl
     from stages import grpo_prompts, parse_stage_args
-    from tests.repo_tools import REPO_ROOT, SPIDER_DIR
+    from tests.repo_tools import SPIDER_DIR, fixed_params_dict
 
     _, tokenizer, model_path = tiny
     rows = read_jsonl(prepared_dir / "grpo.jsonl")[:6]
@@ -512,8 +512,17 @@ def test_pass_rate_filter_samples_through_the_generator_factory(
         "".join(json.dumps(r) + "\n" for r in rows)
     )
     shutil.copytree(model_path, tmp_path / "models" / "sft")
-    params = yaml.safe_load((REPO_ROOT / "params.yaml").read_text())
-    params["grpo"]["use_vllm"] = True
+    params = fixed_params_dict()
+    params["seed"] = 7
+    params["grpo"].update(
+        use_vllm=True,
+        temperature=0.7,
+        max_completion_length=40,
+        top_k=0,
+        top_p=1.0,
+        min_p=0.0,
+        repetition_penalty=1.0,
+    )
     params["grpo"]["pass_rate_filter"] = {
         "pool": 6,
         "samples": 4,
@@ -537,16 +546,12 @@ def test_pass_rate_filter_samples_through_the_generator_factory(
     assert llm.kwargs["model"] == str(tmp_path / "models" / "sft")
     assert llm.kwargs["generation_config"] == "vllm"
     ((sent, sp),) = llm.calls
-    grpo = params["grpo"]
-    assert (sp.n, sp.temperature, sp.max_tokens, sp.seed) == (
-        4,
-        grpo["temperature"],
-        grpo["max_completion_length"],
-        params["seed"],
-    )
+    assert (sp.n, sp.temperature, sp.max_tokens, sp.seed) == (4, 0.7, 40, 7)
     assert (sp.top_k, sp.top_p, sp.repetition_penalty) == (0, 1.0, 1.0)
     metrics = read_json(tmp_path / "metrics" / "grpo_prompts.json")
-    assert metrics["pass_rate_pool"] == len(sent) > 0
+    # the pool is every prompt whose gold result is not empty: each sampled once, 4 times
+    dropped = metrics["dropped_empty_gold"] + metrics["dropped_gold_error"]
+    assert metrics["pass_rate_pool"] == len(sent) == len(set(sent)) == len(rows) - dropped
     assert metrics["kept"] == len(sent) and metrics["pool_mean_pass_rate"] == 0.5
     kept = read_jsonl(tmp_path / "data" / "grpo_prompts.jsonl")
     assert {render_prompt(tokenizer, r["prompt"]) for r in kept} == set(sent)
@@ -555,12 +560,12 @@ def test_pass_rate_filter_samples_through_the_generator_factory(
 def test_pass_rate_filter_without_vllm_uses_transformers_and_says_so(tiny, monkeypatch, caplog):
     import dataclasses
 
-    from sqlrl.params import load_params
     from stages import grpo_prompts
+    from tests.repo_tools import fixed_params
 
     _, _, model_path = tiny
     monkeypatch.setitem(sys.modules, "vllm", None)  # not installed
-    grpo = load_params().grpo
+    grpo = fixed_params().grpo
     grpo = dataclasses.replace(
         grpo,
         use_vllm=True,

@@ -23,7 +23,8 @@ from sqlrl.model.modeling import (
     to_transformers_tokenizer,
     train_tokenizer,
 )
-from sqlrl.params import ArchitectureParams, load_params
+from sqlrl.params import ArchitectureParams
+from tests.repo_tools import fixed_params
 
 ARCH = ArchitectureParams(
     hidden_size=32,
@@ -138,7 +139,11 @@ def _write_sft(path, n=30):
 
 def test_scratch_base_saves_model_and_tokenizer(tmp_path):
     base = dataclasses.replace(
-        load_params().base, source="scratch", architecture=dataclasses.replace(ARCH, vocab_size=300)
+        fixed_params().base,
+        source="scratch",
+        dtype="float32",
+        tokenizer="trained",
+        architecture=dataclasses.replace(ARCH, vocab_size=300),
     )
     record = build_base(base, 7, _write_sft(tmp_path / "sft.jsonl"), tmp_path / "base")
     model, tok = load_model_and_tokenizer(tmp_path / "base")
@@ -157,7 +162,7 @@ def test_hub_path_with_a_local_folder_standing_in_for_a_hub_id(tokenizers_pair, 
     build_scratch_model(ARCH, hf, seed=1).save_pretrained(hub)
     hf.save_pretrained(hub)
     base = dataclasses.replace(
-        load_params().base,
+        fixed_params().base,
         source="hub",
         model_id=str(hub),
         revision="0123456789abcdef0123456789abcdef01234567",

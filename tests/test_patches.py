@@ -75,16 +75,24 @@ def test_shared_prompt_prefill_lasts_for_its_block():
     assert "generate" not in vars(model) and model.generate() == "own"
 
 
-def test_rollout_timing_adds_each_calls_seconds_and_fails_loudly_without_its_hook():
+def test_rollout_timing_adds_each_calls_seconds_and_fails_loudly_without_its_hook(monkeypatch):
+    now = [100.0]  # a stand-in clock: a rollout takes the seconds it is given
+
     class Trainer:
         def _generate_and_score_completions(self, inputs):
+            now[0] += inputs
+            if inputs == 2:
+                raise ValueError("rollout failed")
             return inputs
 
+    monkeypatch.setattr(patches.time, "perf_counter", lambda: now[0])
     trainer, seconds = Trainer(), []
     with patches.timed_rollouts(trainer, seconds.append):
         assert trainer._generate_and_score_completions(3) == 3
-        assert trainer._generate_and_score_completions(4) == 4
-    assert len(seconds) == 2 and all(s >= 0 for s in seconds)
+        assert trainer._generate_and_score_completions(4.5) == 4.5
+        with pytest.raises(ValueError, match="rollout failed"):  # a failed rollout is timed too
+            trainer._generate_and_score_completions(2)
+    assert seconds == [3.0, 4.5, 2.0]
     assert "_generate_and_score_completions" not in vars(trainer)  # the class's method again
     with pytest.raises(patches.UnsupportedVersion, match="no _generate_and_score_completions"):
         with patches.timed_rollouts(object(), seconds.append):

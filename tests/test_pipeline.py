@@ -1,13 +1,19 @@
-"""End to end: the real DVC pipeline on the `smoke` profile (see the smoke_repo fixture)."""
+"""End to end: the real DVC pipeline on the `smoke` profile (see the smoke_repo fixture).
+
+Three whole smoke DAGs run here: the shared `smoke_repo` (every test that only reads a run),
+a second run from scratch (reproducibility) and a two-process run (data-parallel training);
+each of the latter two says why it cannot read the shared one."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 import yaml
 
+from tests.repo_tools import fixed_params_dict
 from tests.repo_tools import run_cli as _run
 
 pytestmark = pytest.mark.slow
@@ -18,19 +24,30 @@ def _metrics(repo: Path, name: str) -> dict:
 
 
 def test_exp_run_composes_the_smoke_profile(smoke_repo):
+    """`dvc exp run -S profile=smoke` wrote what `python -m sqlrl.params smoke` composes."""
     params = yaml.safe_load((smoke_repo / "params.yaml").read_text())
     assert params["profile"] == "smoke"
-    assert params["prepare"]["max_train_examples"] > 0
+    assert params == fixed_params_dict()  # the tests' profile is smoke, from the same conf/
 
 
 def test_smoke_run_writes_sane_metrics(smoke_repo):
+    params = yaml.safe_load((smoke_repo / "params.yaml").read_text())
     prepared = _metrics(smoke_repo, "prepare")
-    assert 0 < prepared["train"]["sft"] <= 48
+    # the profile's cut: its 48 training and 24 dev examples, one SFT row each (no copies)
+    assert prepared["train"]["sft"] == prepared["train"]["grpo"] == 48
+    assert prepared["dev"]["examples"] == 24
     sft = _metrics(smoke_repo, "sft")
-    assert sft["steps"] > 0 and sft["final_loss"] > 0
+    assert sft["examples"] == sft["rows_trained"] == 48
+    assert sft["steps"] == 48 // params["sft"]["rows_per_step"] == 6  # one epoch
+    # it learnt: below the loss of a uniform guess over its vocabulary
+    assert sft["final_loss"] < math.log(_metrics(smoke_repo, "base")["vocab_size"])
     prompts = _metrics(smoke_repo, "grpo_prompts")
     assert prompts["candidates"] == prepared["train"]["grpo"]
-    assert 0 < prompts["kept"] == _metrics(smoke_repo, "grpo")["train_prompts"]
+    dropped = sum(v for k, v in prompts.items() if k.startswith("dropped_"))
+    kept = (smoke_repo / "data" / "grpo_prompts.jsonl").read_text().splitlines()
+    assert prompts["kept"] == prompts["candidates"] - dropped == len(kept)
+    grpo = _metrics(smoke_repo, "grpo")
+    assert grpo["train_prompts"] == prompts["kept"] and grpo["steps"] == params["grpo"]["steps"]
     for name in ("base", "sft", "final"):
         report = _metrics(smoke_repo, f"eval_{name}")["dev"]
         assert report["n"] + report["skipped"] == prepared["dev"]["examples"]
@@ -83,6 +100,7 @@ def test_the_final_model_loads_and_reproduces_its_committed_predictions(smoke_re
 
 
 def test_second_repro_does_nothing_and_params_rerun_only_their_stages(smoke_repo):
+    """On the shared run: params.yaml is changed only for `dvc status` and put back."""
     out = _run(["dvc", "repro"], smoke_repo)
     assert "Running stage" not in out
     params_file = smoke_repo / "params.yaml"
@@ -135,6 +153,9 @@ def _without_timings(value):
 def test_a_second_run_from_scratch_gives_identical_metrics_and_predictions(
     smoke_repo, tmp_path_factory
 ):
+    """A whole DAG of its own: reproducibility takes a second run from scratch (its own
+    clone, DVC cache and run-cache, so nothing is restored from the first), compared with
+    the shared run output by output."""
     from tests.conftest import make_smoke_repo
 
     again = make_smoke_repo(tmp_path_factory.mktemp("repo_again"))
@@ -153,7 +174,8 @@ def test_a_second_run_from_scratch_gives_identical_metrics_and_predictions(
 def test_two_processes_train_data_parallel_and_write_each_output_once(tmp_path_factory):
     """`dvc exp run -S launch.num_processes=2`: sft and grpo run as two gloo processes under
     `accelerate launch`; rank 0 alone deletes, writes and renames, the metrics say so, each
-    step trains on the recipe's rows and questions, and the final model loads."""
+    step trains on the recipe's rows and questions, and the final model loads. A whole DAG
+    of its own: the shared run is the one-process run, which the other tests read."""
     from transformers import AutoModelForCausalLM
 
     from tests.conftest import make_smoke_repo
@@ -171,4 +193,5 @@ def test_two_processes_train_data_parallel_and_write_each_output_once(tmp_path_f
         params["grpo"]["prompts_per_step"] * params["grpo"]["num_generations"]
     )
     assert not (repo / "models" / "grpo_adapter.tmp").exists()
-    assert AutoModelForCausalLM.from_pretrained(repo / "models" / "final").num_parameters() > 0
+    final = AutoModelForCausalLM.from_pretrained(repo / "models" / "final")
+    assert final.num_parameters() == _metrics(repo, "base")["n_params"]  # merged: no adapter

@@ -11,7 +11,7 @@ import pytest
 
 from sqlrl.data.prepare import prepare, split_heldout
 from sqlrl.data.spider import Example, SpiderDataError
-from sqlrl.params import load_params
+from tests.repo_tools import fixed_params
 
 DBS = [
     "concert_singer",
@@ -38,11 +38,21 @@ def mini_root(spider_dir, tmp_path):
 
 
 def _params(**changes):
-    """The committed prepare params, schema-grounding augmentation off unless asked for."""
-    base = load_params().prepare
-    changes.setdefault("augment", dataclasses.replace(base.augment, copies=0))
-    changes.setdefault("mark_schema_mentions", False)
-    return dataclasses.replace(base, **changes)
+    """Prepare params on every example: a compact schema, 10% held out, no schema mentions,
+    no sample rows and no schema-grounding augmentation unless a test asks for them."""
+    base = fixed_params().prepare
+    defaults = dict(
+        schema_format="compact",
+        sample_rows=0,
+        include_train_others=False,
+        heldout_fraction=0.1,
+        max_train_examples=0,
+        max_dev_examples=0,
+        augment=dataclasses.replace(base.augment, copies=0),
+        mark_schema_mentions=False,
+        max_prompt_tokens=0,
+    )
+    return dataclasses.replace(base, **{**defaults, **changes})
 
 
 def _prepare(root, params, seed):
@@ -118,14 +128,18 @@ def test_heldout_takes_the_fraction_of_each_databases_queries_with_all_their_que
 
 @pytest.mark.slow  # ~20-80 s: the fast tier stays a few minutes
 def test_no_heldout_gold_query_is_trained_on_in_the_real_prepared_data(spider_dir, tmp_path):
-    """The default profile's prepare, augmented copies included: no held-out gold query
-    (normalised as the split normalises) appears among the SFT completions or GRPO prompts."""
+    """The cpu profile's prepare (10% held out, schema mentions, one augmented copy of each
+    row, written out here): no held-out gold query (normalised as the split normalises)
+    appears among the SFT completions or GRPO prompts."""
     from sqlrl.data.prepare import query_key
 
     root = tmp_path
     (root / "data" / "raw").mkdir(parents=True)
     (root / "data" / "raw" / "spider").symlink_to(spider_dir)
-    metrics = _prepare(root, load_params().prepare, load_params().seed)
+    augment = dataclasses.replace(
+        fixed_params().prepare.augment, copies=1, shuffle_schema=True, rename_prob=0.25
+    )
+    metrics = _prepare(root, _params(mark_schema_mentions=True, augment=augment), seed=42)
     heldout = _read(root, "heldout.jsonl")
     assert len(heldout) > 500 and metrics["train"]["groups_heldout"] > 0
     held = {(r["db_id"], query_key(r["gold"])) for r in heldout}
@@ -217,7 +231,7 @@ def test_schema_mentions_are_marked_in_every_split(mini_root):
 def test_augmentation_with_sample_rows_is_refused(mini_root):
     from sqlrl.params import ParamsError
 
-    base = load_params().prepare.augment
+    base = fixed_params().prepare.augment
     aug = dataclasses.replace(base, copies=1, rename_prob=0.5)
     with pytest.raises(ParamsError, match="sample_rows"):
         _prepare(mini_root, _params(schema_format="ddl", sample_rows=1, augment=aug), seed=1)
@@ -262,10 +276,14 @@ def test_max_prompt_tokens_trims_sample_rows_of_large_schemas_only(mini_root):
     assert set(metrics["sample_rows_reduced"]) == {biggest}
     assert metrics["sample_rows_reduced"][biggest] < 3
     rows = _read(mini_root, "sft.jsonl")
-    assert max(_largest_db_tokens(mini_root, rows).values()) <= budget
+    longest_prompt = max(_largest_db_tokens(mini_root, rows).values())
+    assert longest_prompt <= budget
     dev = [r for r in _read(mini_root, "dev.jsonl") if r["db_id"] == biggest and r["prompt"]]
     train = [r for r in rows if r["db_id"] == biggest]
     schema_of = lambda r: r["prompt"][1]["content"].split("\n\nQuestion:")[0]  # noqa: E731
     assert train and {schema_of(r) for r in train + dev} == {schema_of(train[0])}
     assert f"{metrics['sample_rows_reduced'][biggest]} example rows from" in schema_of(train[0])
-    assert metrics["sft_tokens"]["max"] > 0 and metrics["sft_tokens"]["n"] == len(rows)
+    # what sft.max_length is checked against: whole rows (prompt + SQL), every one counted
+    tokens = metrics["sft_tokens"]
+    assert tokens["n"] == len(rows) and tokens["p50"] <= tokens["p95"] <= tokens["max"]
+    assert longest_prompt < tokens["max"] < longest_prompt + 200  # a row is its prompt + its SQL

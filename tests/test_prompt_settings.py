@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -12,23 +13,32 @@ from sqlrl.data.prompt_settings import (
     read_prompt_settings,
     write_prompt_settings,
 )
-from sqlrl.params import load_params
+from tests.repo_tools import fixed_params
 
 
 def test_saved_settings_read_back_and_a_damaged_file_stops_the_server_at_startup(tmp_path):
     """What sft writes reads back as it was; a hand-edited file with a wrong type, a missing
     field or broken JSON is refused naming the problem, not served with odd prompts."""
-    params = load_params()
-    path = write_prompt_settings(tmp_path, params.prepare, params.eval.schema_repair)
+    # no setting at its default, so a field written or read back wrongly shows
+    base = fixed_params().prepare
+    prep = dataclasses.replace(
+        base,
+        schema_format="ddl",
+        sample_rows=3,
+        max_prompt_tokens=1500,
+        system_prompt="Answer in SQLite.",
+        mark_schema_mentions=True,
+        augment=dataclasses.replace(base.augment, copies=0),
+    )
+    path = write_prompt_settings(tmp_path, prep, False)
     assert path == tmp_path / PROMPT_SETTINGS_FILE
-    prep = params.prepare
     assert read_prompt_settings(tmp_path) == {
-        "schema_format": prep.schema_format,
-        "sample_rows": prep.sample_rows,
-        "max_prompt_tokens": prep.max_prompt_tokens,
-        "system_prompt": prep.system_prompt,
-        "mark_schema_mentions": prep.mark_schema_mentions,
-        "schema_repair": params.eval.schema_repair,
+        "schema_format": "ddl",
+        "sample_rows": 3,
+        "max_prompt_tokens": 1500,
+        "system_prompt": "Answer in SQLite.",
+        "mark_schema_mentions": True,
+        "schema_repair": False,
     }
     saved = json.loads(path.read_text())
     for field, bad, why in [

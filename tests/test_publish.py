@@ -6,17 +6,28 @@ import json
 import shutil
 
 import pytest
+import yaml
 
 from stages.publish import main
-from tests.repo_tools import REPO_ROOT
+from tests.repo_tools import REPO_ROOT, write_fixed_params
+
+BASE_REVISION = "0123456789abcdef0123456789abcdef01234567"
 
 
 @pytest.fixture
 def repo_with_final(tmp_path):
-    """A repo root (the cwd of stages) with params, the Spider pointer, eval metrics and a (tiny) models/final."""
-    for name in ("params.yaml", "data/raw/spider.dvc"):
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(REPO_ROOT / name, tmp_path / name)
+    """A repo root (the cwd of stages) with params (a hub base model), the Spider pointer,
+    eval metrics and a (tiny) models/final."""
+    write_fixed_params(
+        tmp_path / "params.yaml",
+        "base.source=hub",
+        "base.model_id=acme/base-coder",
+        f"base.revision={BASE_REVISION}",
+        "prepare.schema_format=ddl",
+        "sft.learning_rate=0.0002",
+    )
+    (tmp_path / "data" / "raw").mkdir(parents=True)
+    shutil.copy(REPO_ROOT / "data/raw/spider.dvc", tmp_path / "data/raw/spider.dvc")
     (tmp_path / "metrics").mkdir()
     for name, ex in (("base", 0.0), ("sft", 0.1), ("final", 0.125)):
         report = {"dev": {"ex": ex, "em": ex / 2, "by_hardness": {"easy": {"ex": ex * 2}}}}
@@ -38,6 +49,13 @@ def test_dry_run_writes_folder_and_model_card(repo_with_final, monkeypatch, caps
     card = (out / "README.md").read_text()
     assert card.startswith("---\nlicense: cc-by-sa-4.0")
     assert "# acme/sql-coder" in card and "Spider 1.0" in card
+    # what it was trained from and how, as params.yaml says
+    assert "\nbase_model: acme/base-coder\n" in card
+    assert f"- Base model: acme/base-coder @ `{BASE_REVISION}`" in card
+    assert "- Profile: `smoke`" in card and "- Schema in the prompt: `ddl`" in card
+    assert "  learning_rate: 0.0002\n" in card
+    md5 = yaml.safe_load((REPO_ROOT / "data/raw/spider.dvc").read_text())["outs"][0]["md5"]
+    assert f"DVC md5 `{md5}`" in card
     assert "| GRPO (final) | 12.5 | 6.2 | 25.0 |" in card
     assert "| base | 0.0 | 0.0 | 0.0 |" in card  # its metrics have the old layout
     assert "dry run" in capsys.readouterr().out

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytestmark = pytest.mark.slow
 
@@ -15,9 +16,14 @@ def _metrics(repo: Path, name: str) -> dict:
     return json.loads((repo / "metrics" / f"{name}.json").read_text())
 
 
+def _params(repo: Path) -> dict:
+    return yaml.safe_load((repo / "params.yaml").read_text())
+
+
 def test_no_sft_row_is_cut_or_dropped(rehearsal_repo):
     prepared, sft = _metrics(rehearsal_repo, "prepare"), _metrics(rehearsal_repo, "sft")
-    assert sft["examples"] == sft["rows_trained"] == prepared["train"]["sft"] > 0
+    cut = _params(rehearsal_repo)["prepare"]["max_train_examples"]  # the profile's 48
+    assert sft["examples"] == sft["rows_trained"] == prepared["train"]["sft"] == cut
     assert sft["max_row_tokens"] < 2560  # the reference sft.max_length
     assert abs(prepared["sft_tokens"]["max"] - sft["max_row_tokens"]) <= 2  # prepare measured it
     assert prepared["schema_format"] == "ddl"
@@ -40,7 +46,8 @@ def test_final_model_is_a_plain_bf16_qwen_model(rehearsal_repo):
 
 def test_grpo_trains_on_many_questions_per_step(rehearsal_repo):
     grpo = _metrics(rehearsal_repo, "grpo")
-    assert grpo["prompts_per_step"] >= 8 and grpo["world_size"] == 1
+    recipe = _params(rehearsal_repo)["grpo"]["prompts_per_step"]
+    assert grpo["prompts_per_step"] == recipe >= 8 and grpo["world_size"] == 1
     assert grpo["steps"] == 2 and grpo["use_vllm"] is False  # no vLLM on a CPU: transformers
 
 

@@ -339,6 +339,7 @@ def test_a_limit_that_is_not_a_finite_positive_number_is_refused(value, capsys):
     assert "--timeout" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # ~20 s: every dev question of the committed run, on the real databases
 def test_the_pipelines_own_predictions_are_scored_as_the_evaluate_stage_scored_them(tmp_path):
     """data/predictions/final.jsonl is read directly (gold inside, null preds, SQL with
     newlines): the committed predictions give the committed metrics/eval_final.json's dev EX

@@ -115,9 +115,14 @@ def test_ddl_prompt_equals_the_training_prompt():
 def test_served_prompts_are_the_prompts_the_model_was_evaluated_on(prepared_dir, tmp_path):
     """What the sft stage saves with the model is what the server builds its prompts from."""
     from sqlrl.jsonio import read_jsonl
-    from sqlrl.params import load_params
+    from tests.repo_tools import fixed_params
 
-    params = load_params()
+    params = fixed_params(  # the prompt format prepared_dir was written with
+        "prepare.schema_format=compact",
+        "prepare.sample_rows=0",
+        "prepare.mark_schema_mentions=true",
+        "prepare.max_prompt_tokens=0",
+    )
     write_prompt_settings(tmp_path, params.prepare, params.eval.schema_repair)
     settings = PromptSettings.for_model(tmp_path)
     prep = params.prepare

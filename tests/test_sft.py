@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from sqlrl.model.modeling import build_base
-from sqlrl.params import ArchitectureParams, load_params
+from sqlrl.params import ArchitectureParams
 from sqlrl.train.sft import load_sft_dataset, train_sft
-from tests.repo_tools import REPO_ROOT
+from tests.repo_tools import fixed_params
 
 ARCH = ArchitectureParams(
     hidden_size=32,
@@ -45,15 +45,21 @@ def base_dir(tmp_path_factory):
     ]
     (root / "sft.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     base = dataclasses.replace(
-        load_params().base, source="scratch", dtype="float32", architecture=ARCH
+        fixed_params().base,
+        source="scratch",
+        dtype="float32",
+        tokenizer="trained",
+        architecture=ARCH,
     )
     build_base(base, 0, root / "sft.jsonl", root / "base")
     return root
 
 
 def _params(**changes):
+    """SFT params for the tiny model: every setting a test here depends on is written out"""
     sft = dataclasses.replace(
-        load_params(REPO_ROOT / "params.yaml").sft,  # some tests run in a temporary folder
+        fixed_params().sft,
+        use_lora=False,
         epochs=1.0,
         batch_size=8,
         rows_per_step=8,
@@ -62,6 +68,15 @@ def _params(**changes):
         bf16=False,
         gradient_checkpointing=False,
         learning_rate=3e-3,
+        lr_scheduler="cosine",
+        warmup_ratio=0.03,
+        weight_decay=0.0,
+        group_by_length=True,
+        attn_implementation="eager",
+        completion_only_loss=False,
+        prompt_loss_weight=0.1,
+        save_steps=0,
+        resume=False,
     )
     return dataclasses.replace(sft, **changes)
 
@@ -138,7 +153,7 @@ def test_lora_is_merged_into_a_plain_model(base_dir):
     params = _params(
         use_lora=True,
         lora=dataclasses.replace(
-            load_params().sft.lora, r=4, alpha=8, target_modules=["q_proj", "v_proj"]
+            fixed_params().sft.lora, r=4, alpha=8, target_modules=["q_proj", "v_proj"]
         ),
     )
     metrics = train_sft(params, 0, base_dir / "base", base_dir / "sft.jsonl", out, dvclive_dir=None)
@@ -240,13 +255,17 @@ def test_lora_on_a_bf16_base_saves_a_bf16_model(base_dir, tmp_path):
     from safetensors import safe_open
 
     base = dataclasses.replace(
-        load_params().base, source="scratch", dtype="bfloat16", architecture=ARCH
+        fixed_params().base,
+        source="scratch",
+        dtype="bfloat16",
+        tokenizer="trained",
+        architecture=ARCH,
     )
     build_base(base, 0, base_dir / "sft.jsonl", tmp_path / "base")
     params = _params(
         use_lora=True,
         lora=dataclasses.replace(
-            load_params().sft.lora, r=4, alpha=8, target_modules=["q_proj", "v_proj"]
+            fixed_params().sft.lora, r=4, alpha=8, target_modules=["q_proj", "v_proj"]
         ),
     )
     metrics = train_sft(
