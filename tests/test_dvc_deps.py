@@ -175,8 +175,9 @@ def test_no_stage_depends_on_the_code_of_a_stage_after_it():
 
 def test_dvcs_default_metrics_view_reads_cleanly_in_one_screen():
     """`dvc metrics show` on the committed metrics: no "failed to load" warning (DVC reads a
-    key named `error` as a failure) and a table that fits 120 columns (the detail is in each
-    stage's own file, shown with --targets)."""
+    key named `error` as a failure) and a table that fits a 200-column screen: EX per split
+    and per evaluation set, EM on Spider's splits, the gains (the detail is in each stage's
+    own file, shown with --targets)."""
     import subprocess
 
     done = subprocess.run(
@@ -184,7 +185,7 @@ def test_dvcs_default_metrics_view_reads_cleanly_in_one_screen():
     )
     output = done.stdout + done.stderr
     assert "failed to load" not in output and "headline_final.json" in output
-    assert max(len(line) for line in output.splitlines()) <= 120, output
+    assert max(len(line) for line in output.splitlines()) <= 200, output
     detail = subprocess.run(
         ["dvc", "metrics", "show", "metrics/eval_final.json", "metrics/sft.json"],
         cwd=REPO_ROOT,

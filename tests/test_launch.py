@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from sqlrl.params import LaunchParams, ParamsError
+from sqlrl.params import LaunchParams
 from sqlrl.train.launch import accelerate_command, is_main_process, world_size
 
 RANK_VARIABLES = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
@@ -56,8 +56,8 @@ def test_a_config_file_is_passed_and_its_process_count_overridden():
     [(0, "", "num_processes"), (2, "conf/accelerate/nope.yaml", "no file")],
 )
 def test_bad_launch_params_are_refused(num_processes, config, match):
-    with pytest.raises(ParamsError, match=match):
-        LaunchParams(num_processes, config)
+    with pytest.raises(ValueError, match=match):  # pydantic's, naming the field
+        LaunchParams(num_processes=num_processes, config=config)
 
 
 def test_rank_zero_alone_writes(single):

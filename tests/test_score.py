@@ -365,7 +365,7 @@ def test_a_predictions_jsonl_with_a_gold_file_or_without_databases_is_refused(tm
     assert "its rows hold the gold, drop --gold" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--pred", str(predictions)])
-    assert "give --spider DIR, or both --db and --table" in capsys.readouterr().err
+    assert "give --spider DIR or --bird DIR, or both --db and --table" in capsys.readouterr().err
     predictions.write_text(json.dumps({"gold": "SELECT 1", "pred": None}) + "\n")
     assert main(["--pred", str(predictions), "--spider", str(SPIDER_DIR)]) == 2
     assert f"{predictions}:1: no db_id" in capsys.readouterr().err

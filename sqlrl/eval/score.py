@@ -359,6 +359,7 @@ def _inputs(args, parser) -> Inputs:
     table = args.table or (release and str(Path(release) / files["table"]))
     if not (db and table):
         parser.error("give --spider DIR or --bird DIR, or both --db and --table")
+    gold = read_gold(args.gold) if args.gold else None  # named first when both are unreadable
     if is_jsonl(args.pred) and not is_bird_predictions(args.pred):
         if args.gold:
             parser.error(f"{args.pred} is a predictions JSONL: its rows hold the gold, drop --gold")
@@ -369,7 +370,7 @@ def _inputs(args, parser) -> Inputs:
     gold_file = args.gold or (args.bird and str(Path(args.bird) / BIRD_FILES["gold"]))
     if not gold_file:
         parser.error("--gold is needed with one SQL a line (or give a predictions JSONL)")
-    gold = read_gold(gold_file)  # named first when both files are unreadable
+    gold = gold if gold is not None else read_gold(gold_file)
     preds = read_bird_predictions(args.pred) if is_bird_predictions(args.pred) else None
     if preds is None:
         preds = read_preds(args.pred)
