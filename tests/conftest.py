@@ -9,7 +9,13 @@ import subprocess
 
 import pytest
 
-from tests.repo_tools import REPO_ROOT, SPIDER_DIR, fixed_params, run_cli, storage_url
+from tests.repo_tools import (
+    REPO_ROOT,
+    SPIDER_DIR,
+    run_cli,
+    storage_url,
+    whole_spider_prepare_params,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
@@ -86,26 +92,13 @@ def prepared_dir(spider_dir, tmp_path_factory):
     temporary root, with the prompt format of the cpu profile written out here (compact
     schema, no sample rows, schema mentions marked, 10% of the training queries held out) and
     no augmentation (which only touches sft.jsonl)."""
-    import dataclasses
 
     from sqlrl.data.prepare import prepare
 
     root = tmp_path_factory.mktemp("prepared_root")
     (root / "data" / "raw").mkdir(parents=True)
     (root / "data" / "raw" / "spider").symlink_to(spider_dir)
-    base = fixed_params().prepare
-    prepare_params = dataclasses.replace(
-        base,
-        schema_format="compact",
-        sample_rows=0,
-        include_train_others=False,
-        heldout_fraction=0.1,
-        max_train_examples=0,
-        max_dev_examples=0,
-        augment=dataclasses.replace(base.augment, copies=0),
-        mark_schema_mentions=True,
-        max_prompt_tokens=0,
-    )
+    prepare_params = whole_spider_prepare_params(mark_schema_mentions=True)
     with contextlib.chdir(root):  # as DVC runs it: rows hold data/raw/spider/... paths
         prepare(prepare_params, 42, "data/raw/spider", "data/prepared")
     return root / "data" / "prepared"

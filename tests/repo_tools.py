@@ -69,3 +69,23 @@ def storage_url() -> str:
 
     with Repo(str(REPO_ROOT)) as repo:
         return repo.config["remote"]["storage"]["url"]
+
+
+def whole_spider_prepare_params(**changes):
+    """Prepare params on every example: a compact schema, 10% held out, no schema mentions,
+    no sample rows and no schema-grounding augmentation unless a caller asks for them."""
+    import dataclasses
+
+    base = fixed_params().prepare
+    defaults = dict(
+        schema_format="compact",
+        sample_rows=0,
+        include_train_others=False,
+        heldout_fraction=0.1,
+        max_train_examples=0,
+        max_dev_examples=0,
+        augment=dataclasses.replace(base.augment, copies=0),
+        mark_schema_mentions=False,
+        max_prompt_tokens=0,
+    )
+    return dataclasses.replace(base, **{**defaults, **changes})

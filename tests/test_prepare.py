@@ -11,7 +11,7 @@ import pytest
 
 from sqlrl.data.prepare import prepare, split_heldout
 from sqlrl.data.spider import Example, SpiderDataError
-from tests.repo_tools import fixed_params
+from tests.repo_tools import fixed_params, whole_spider_prepare_params
 
 DBS = [
     "concert_singer",
@@ -38,21 +38,7 @@ def mini_root(spider_dir, tmp_path):
 
 
 def _params(**changes):
-    """Prepare params on every example: a compact schema, 10% held out, no schema mentions,
-    no sample rows and no schema-grounding augmentation unless a test asks for them."""
-    base = fixed_params().prepare
-    defaults = dict(
-        schema_format="compact",
-        sample_rows=0,
-        include_train_others=False,
-        heldout_fraction=0.1,
-        max_train_examples=0,
-        max_dev_examples=0,
-        augment=dataclasses.replace(base.augment, copies=0),
-        mark_schema_mentions=False,
-        max_prompt_tokens=0,
-    )
-    return dataclasses.replace(base, **{**defaults, **changes})
+    return whole_spider_prepare_params(**changes)
 
 
 def _prepare(root, params, seed):
