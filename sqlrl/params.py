@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     ConfigDict,
     Field,
     PlainValidator,
@@ -35,6 +36,9 @@ VLLM_MODES = ("colocate", "server")
 BENCHMARK_FORMATS = ("spider", "bird")
 SET_NAME = r"^[a-z][a-z0-9_]*$"  # a metrics section and a file name
 RESERVED_SET_NAMES = {"dev", "heldout", "generation"}
+ROLLOUTS = ("sql", "reasoning", "agent")  # sqlrl/train/rollouts.py
+BUILTIN_REWARDS = ("execution", "syntax", "format")  # sqlrl/train/rewards.py's registry
+REWARD_IMPORT = r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$"  # package.module:function
 
 
 class ParamsError(PipelineError, ValueError):
@@ -186,10 +190,26 @@ class SftParams:
         )
 
 
+def _reward_name(name: str) -> str:
+    """A reward weight's key: a built-in reward's name, or a user's `package.module:function`
+    (imported when the rewards are built, where an import error is one line naming it)."""
+    import re
+
+    if name in BUILTIN_REWARDS or re.match(REWARD_IMPORT, name):
+        return name
+    raise ValueError(
+        f"unknown reward {name!r}: one of {', '.join(BUILTIN_REWARDS)}, or package.module:function"
+    )
+
+
+RewardName = Annotated[StrictStr, AfterValidator(_reward_name)]
+
+
 @dataclass(config=SECTION)
-class RewardWeights:
-    execution: NonNegative
-    syntax: NonNegative
+class AgentParams:
+    max_turns: Positive
+    max_rows: Positive
+    max_chars: Annotated[StrictInt, Field(ge=100)]  # room for the column names and an error
 
 
 @dataclass(config=SECTION)
@@ -219,7 +239,10 @@ class GrpoParams:
     epsilon_high: NonNegative
     scale_rewards: Literal["group", "batch", "none"]
     num_iterations: Positive
-    reward_weights: RewardWeights
+    rollout: Literal[ROLLOUTS]
+    agent: AgentParams
+    # name -> weight, in the order TRL gets them; at least one reward
+    reward_weights: Annotated[dict[RewardName, NonNegative], Field(min_length=1)]
     reward_timeout_s: Rate
     executable_credit: ShareBelowOne  # below a correct answer's 1.0
     schema_repair: Bool
@@ -327,11 +350,21 @@ class Params:
     eval: EvalParams
 
     def __post_init__(self):
-        """What needs two sections: each step's split over launch.num_processes, and a vLLM
-        context that holds the longest prompt prepare may write plus a completion."""
+        """What needs two sections: each step's split over launch.num_processes, a chat
+        template with tools for the agent rollout, and a vLLM context that holds the longest
+        prompt prepare may write plus a completion."""
         world = self.launch.num_processes
         self.sft.per_process(world)
         self.grpo.per_process(world)
+        if (
+            self.grpo.rollout == "agent"
+            and self.base.source == "scratch"
+            and self.base.tokenizer == "trained"
+        ):
+            raise ParamsError(
+                "grpo.rollout agent needs a chat template that can call tools: the trained "
+                "tokenizer's has none (set base.tokenizer=qwen2.5, or use a hub model)"
+            )
         longest = self.prepare.max_prompt_tokens + self.grpo.max_completion_length
         if self.prepare.max_prompt_tokens and self.grpo.vllm_max_model_length < longest:
             raise ParamsError(

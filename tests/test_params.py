@@ -311,3 +311,14 @@ def test_every_setting_in_config_yaml_comes_with_its_advice():
 def test_an_override_of_a_key_the_config_lacks_is_one_line_naming_it():
     with pytest.raises(ParamsError, match="Could not override 'grpo.stepz'"):
         compose_params("smoke", ["grpo.stepz=1"])
+
+
+def test_the_agent_rollout_on_a_tokenizer_without_tool_calling_is_refused():
+    """The trained tokenizer's ChatML has no tools branch: TRL would refuse it only after the
+    model loads. With Qwen2.5's tokenizer the same run composes."""
+    with pytest.raises(ParamsError, match="grpo.rollout agent needs a chat template"):
+        params_from_dict(compose_params("smoke", ["grpo.rollout=agent"]))
+    params = params_from_dict(
+        compose_params("smoke", ["grpo.rollout=agent", "base.tokenizer=qwen2.5"])
+    )
+    assert (params.grpo.rollout, params.grpo.agent.max_turns) == ("agent", 5)

@@ -319,3 +319,132 @@ def test_a_failing_extraction_scores_only_its_completion_zero(rewards, relative_
         0.0,
         1.0,
     ]
+
+
+def test_the_registry_names_each_reward_and_params_order_them(spider_dir):
+    """grpo.reward_weights maps names to weights; TRL gets the functions and the weights in its
+    order, and the defaults mean what they meant before names (execution 1, syntax 0)."""
+    from sqlrl.train.rewards import REWARDS, reward_functions, reward_weight_list
+    from tests.repo_tools import fixed_params
+
+    assert {n: f.__name__ for n, f in REWARDS.items()} == {
+        "execution": "execution_reward",
+        "syntax": "syntax_reward",
+        "format": "format_reward",
+    }
+    grpo = fixed_params().grpo
+    assert [f.__name__ for f in reward_functions(grpo, spider_dir)] == [
+        "execution_reward",
+        "syntax_reward",
+    ]
+    assert reward_weight_list(grpo) == [1.0, 0.0]
+    grpo = fixed_params("+grpo.reward_weights.format=0.25").grpo
+    assert [f.__name__ for f in reward_functions(grpo, spider_dir)][-1] == "format_reward"
+    assert reward_weight_list(grpo) == [1.0, 0.0, 0.25]
+
+
+def test_an_unknown_reward_name_is_refused_when_params_load():
+    from sqlrl.params import ParamsError
+    from tests.repo_tools import fixed_params
+
+    with pytest.raises(ParamsError, match="unknown reward 'exec'"):
+        fixed_params("+grpo.reward_weights.exec=1.0")
+
+
+def test_a_users_reward_is_imported_by_its_dotted_path(tmp_path, monkeypatch, relative_db):
+    from sqlrl.train.rewards import RewardError, resolve_reward
+
+    (tmp_path / "my_rewards.py").write_text(
+        "def short(completions, **kwargs):\n"
+        "    return [1.0 if len(c) < 30 else 0.0 for c in completions]\n"
+        "NOT_A_FUNCTION = 3\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    short = resolve_reward("my_rewards:short")
+    assert short(["SELECT 1", "x" * 40], db_path=[relative_db] * 2) == [1.0, 0.0]
+    for name, message in [
+        ("my_rewards:absent", r"cannot import reward 'my_rewards:absent': AttributeError"),
+        ("no_such_module:f", r"cannot import reward 'no_such_module:f': ModuleNotFoundError"),
+        ("my_rewards:NOT_A_FUNCTION", r"'my_rewards:NOT_A_FUNCTION' is a int, not a function"),
+        ("my_rewards", r"unknown reward 'my_rewards'"),
+    ]:
+        with pytest.raises(RewardError, match=message) as caught:
+            resolve_reward(name)
+        assert "\n" not in str(caught.value)
+
+
+def test_importing_and_building_the_rewards_starts_no_worker_process(spider_dir):
+    """The module-level rewards and a configured registry start their judge's workers only
+    with the first batch: importing them (every stage does) costs no processes."""
+    import subprocess
+    import sys
+
+    code = (
+        "import multiprocessing\n"
+        "from sqlrl.train import rewards\n"
+        "from tests.repo_tools import fixed_params\n"
+        f"registry = rewards.reward_registry(fixed_params().grpo, {str(spider_dir)!r})\n"
+        "pools = [rewards.execution_reward.pool, registry['execution'].pool]\n"
+        "print(len(multiprocessing.active_children()), [p._pool for p in pools])\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["0", "[None,", "None]"]
+
+
+def test_the_pass_rate_filter_asks_for_the_execution_reward_by_name(
+    spider_dir, tmp_path, monkeypatch, relative_db
+):
+    """With syntax listed before execution, the grpo_prompts stage still measures pass rates
+    with the execution reward: a query that runs but is wrong does not pass."""
+    import argparse
+
+    import stages.grpo_prompts as stage
+    from sqlrl.jsonio import write_jsonl
+    from tests.repo_tools import write_fixed_params
+
+    used = []
+
+    def fake_rates(rows, generator, tokenizer, samples, temperature, seed, reward_fn):
+        wrong = "SELECT name FROM singer"  # runs: syntax 1.0, execution 0.0
+        used.append(
+            reward_fn(
+                ["```sql\n" + GOLD + "\n```", wrong],
+                **{
+                    "db_path": [relative_db] * 2,
+                    "gold_sql": [GOLD] * 2,
+                    "db_id": ["concert_singer"] * 2,
+                    "question": ["q"] * 2,
+                },
+            )
+        )
+        return [0.5] * len(rows)
+
+    monkeypatch.setattr(stage, "pass_rate_generator", lambda *a: (None, None))
+    monkeypatch.setattr(stage, "sampled_pass_rates", fake_rates)
+    params = write_fixed_params(
+        tmp_path / "params.yaml",
+        "~grpo.reward_weights.execution",
+        "+grpo.reward_weights.execution=1.0",  # now after syntax
+        "grpo.pass_rate_filter.pool=1",
+        "grpo.drop_empty_gold=false",
+    )
+    row = {
+        "prompt": [{"role": "user", "content": "q"}],
+        "gold_sql": GOLD,
+        "db_id": "concert_singer",
+        "question": "q",
+        "db_path": relative_db,
+    }
+    write_jsonl(tmp_path / "grpo.jsonl", [row])
+    args = argparse.Namespace(
+        params=str(params),
+        model="unused",
+        prompts=str(tmp_path / "grpo.jsonl"),
+        spider=str(spider_dir),
+        out=str(tmp_path / "out.jsonl"),
+        metrics=str(tmp_path / "m.json"),
+    )
+    assert stage.main(args) == 0
+    assert used == [[1.0, 0.0]]

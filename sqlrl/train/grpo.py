@@ -20,6 +20,7 @@ import json
 import logging
 import statistics
 import time
+from collections import Counter
 from pathlib import Path
 
 from sqlrl.hardware import resolve_bf16, set_torch_threads
@@ -32,6 +33,8 @@ from sqlrl.train.checkpoints import (
     prepare_checkpoints,
     run_fingerprint,
 )
+from sqlrl.train.rewards import reward_weight_list
+from sqlrl.train.rollouts import rollout_rows
 from sqlrl.train.vllm_server import require_vllm, wait_for_server
 
 log = logging.getLogger(__name__)
@@ -106,7 +109,7 @@ def grpo_config(params: GrpoParams, seed: int, output_dir: str, world_size: int 
         epsilon_high=params.epsilon_high,
         scale_rewards=params.scale_rewards,
         num_iterations=params.num_iterations,
-        reward_weights=[params.reward_weights.execution, params.reward_weights.syntax],
+        reward_weights=reward_weight_list(params),
         use_vllm=use_vllm(params),
         vllm_mode=params.vllm_mode,
         vllm_server_host=params.vllm_server_host,
@@ -126,6 +129,32 @@ def grpo_config(params: GrpoParams, seed: int, output_dir: str, world_size: int 
         remove_unused_columns=False,
         use_cpu=not _cuda(),
         dataloader_num_workers=0,
+        **rollout_settings(params),
+    )
+
+
+def rollout_settings(params: GrpoParams) -> dict:
+    """GRPOConfig settings only the agent rollout sets (none otherwise: the default run's
+    config is what it was before rollouts existed): TRL's tool turns, grpo.agent.max_turns."""
+    if params.rollout != "agent":
+        return {}
+    return {"max_tool_calling_iterations": params.agent.max_turns}
+
+
+def agent_environment(params: GrpoParams):
+    """(environment_factory, stats) for GRPOTrainer in the agent rollout, else (None, None):
+    the execute_sql tool with the reward's time limit and grpo.agent's bounds."""
+    if params.rollout != "agent":
+        return None, None
+    from sqlrl.sql.executor import ExecLimits
+    from sqlrl.train.sql_environment import environment_factory
+
+    agent = params.agent
+    return environment_factory(
+        ExecLimits(timeout_s=params.reward_timeout_s),
+        agent.max_turns,
+        agent.max_rows,
+        agent.max_chars,
     )
 
 
@@ -243,7 +272,7 @@ def train_grpo(
     set_seed(seed)
     timer = StepTimer()
     model, tokenizer = load_policy(sft_dir)
-    dataset = Dataset.from_list(rows)
+    dataset = Dataset.from_list(rollout_rows(rows, params.rollout))
     fingerprint = grpo_fingerprint(params, seed, sft_dir, rows)
     resume_from = prepare_checkpoints(checkpoint_dir, fingerprint, params.resume, writer)
     wait_for_everyone()
@@ -252,6 +281,8 @@ def train_grpo(
         live, callback = dvclive_callback(dvclive_dir, resume_from)
         callbacks.append(callback)
     args = grpo_config(params, seed, str(checkpoint_dir), world_size())
+    factory, episodes = agent_environment(params)
+    agent = {"environment_factory": factory} if factory is not None else {}
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=[timer.wrap_reward(f) for f in reward_funcs],
@@ -260,6 +291,7 @@ def train_grpo(
         processing_class=tokenizer,
         peft_config=lora_config(params.lora),
         callbacks=callbacks,
+        **agent,
     )
     reseed_after_vllm_engine(trainer, seed)
     with contextlib.ExitStack() as patched:  # sqlrl/patches.py: what each one does and why
@@ -285,6 +317,7 @@ def train_grpo(
         **_run_settings(trainer, params),
         "resumed_from": Path(resume_from).name if resume_from else None,
         "torch_threads": threads,
+        **rollout_metrics(params, trainer.state.log_history, episodes, reward_funcs),
     }
     log.info(
         "reward %s -> %s over %s steps",
@@ -293,6 +326,28 @@ def train_grpo(
         metrics["steps"],
     )
     return metrics
+
+
+def rollout_metrics(params: GrpoParams, history: list[dict], episodes, reward_funcs) -> dict:
+    """The rollout format's own metrics (none for `sql`): the format reward's mean where it is
+    weighted in; for the agent, tool calls per episode, the share of calls that failed (SQL
+    errors, time-outs, refusals, calls past max_turns) and the share of episodes that ended
+    without a final answer (as execution_reward found them)."""
+    if params.rollout == "sql":
+        return {}
+    out: dict = {"rollout": params.rollout}
+    key = "rewards/format_reward/mean"
+    formats = [h[key] for h in history if key in h]
+    if formats:
+        out["mean_format_reward"] = round(statistics.fmean(formats), 4)
+    if episodes is not None:
+        out["tool_calls_per_episode"] = round(episodes.calls / max(episodes.episodes, 1), 4)
+        out["failed_tool_call_share"] = round(episodes.failed_calls / max(episodes.calls, 1), 4)
+        out["episodes"] = episodes.episodes
+    judged = [f.stats for f in reward_funcs if isinstance(getattr(f, "stats", None), Counter)]
+    if judged and (total := sum(v for k, v in judged[0].items() if k != "without_sql")):
+        out["no_answer_share"] = round(judged[0]["without_sql"] / total, 4)
+    return out
 
 
 def sort_adapter_config(folder: Path) -> None:

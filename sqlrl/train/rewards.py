@@ -4,7 +4,12 @@
 from a completion returns the gold result (sqlrl.sql.equality semantics), else 0.0, and None when
 the example's database file is absent: TRL reads None as "not scorable" (the sample gets no
 advantage) instead of a silent 0. `syntax_reward` gives 1.0 to SQL that executes; weight it in
-with grpo.reward_weights.syntax (e.g. 0.1). Neither ever raises.
+with grpo.reward_weights.syntax (e.g. 0.1); `format_reward` pays for the reasoning rollout's
+<think>/<answer> shape. None ever raises.
+
+Rewards are chosen by name (`REWARDS`, the registry; grpo.reward_weights maps names to weights),
+or as a user's `package.module:function` (`resolve_reward`). Building them starts no worker
+pool: the judge's workers start with the first batch it judges.
 
 A batch is judged by the EX judge's pool of worker processes (sqlrl/sql/judge.py), the same
 judge evaluation scores with; this module adapts it to TRL's reward-function signature.
@@ -12,12 +17,14 @@ judge evaluation scores with; this module adapts it to TRL's reward-function sig
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from sqlrl.errors import PipelineError
 from sqlrl.sql.executor import ExecLimits
 from sqlrl.sql.extract import extract_sql
 from sqlrl.sql.judge import Item, Judgement, JudgePool
@@ -32,8 +39,9 @@ def _column(values, n: int) -> list:
     return list(values)
 
 
-def _items(completions, db_path, gold_sql, repair=None) -> list[Item]:
-    """(database, gold, predicted SQL) per completion; `repair(i, sql)` rewrites the SQL."""
+def _items(completions, db_path, gold_sql, repair=None, extract=extract_sql) -> list[Item]:
+    """(database, gold, predicted SQL) per completion, its SQL read by `extract` (the
+    rollout's: sqlrl/train/rollouts.py); `repair(i, sql)` rewrites the SQL."""
     n = len(completions)
     paths, golds = _column(db_path, n), _column(gold_sql, n)
     if len(paths) != n or len(golds) != n:
@@ -42,7 +50,7 @@ def _items(completions, db_path, gold_sql, repair=None) -> list[Item]:
     for p in paths:
         if p not in absolute:
             absolute[p] = os.path.abspath(p)
-    sqls = [_each(extract_sql, c) for c in completions]
+    sqls = [_each(extract, c) for c in completions]
     if repair is not None:
         sqls = [_each(repair, i, sql) for i, sql in enumerate(sqls)]
     return [(absolute[p], g, s) for s, p, g in zip(sqls, paths, golds, strict=False)]
@@ -75,9 +83,11 @@ def _schema_repairer(schemas: dict, n: int, kwargs: dict):
 class _Rewards:
     """The state shared by one pair of reward functions: the pool and running counts."""
 
-    def __init__(self, pool: JudgePool, schemas: dict | None = None):
+    def __init__(self, pool: JudgePool, schemas: dict | None = None, extract=extract_sql):
         self.pool = pool
         self.schemas = schemas  # db_id -> Schema: reward the schema-repaired SQL
+        self.extract = extract  # completion -> SQL, as the rollout format says
+        self.last_without_sql = 0  # completions of the last batch with no SQL (no answer)
         self.stats: Counter = Counter()  # judgement statuses over all execution_reward calls
         self._warned: set[str] = set()
 
@@ -87,7 +97,9 @@ class _Rewards:
             repair = (
                 _schema_repairer(self.schemas, len(completions), kwargs) if self.schemas else None
             )
-            return self.pool.judge_many(_items(completions, db_path, gold_sql, repair))
+            items = _items(completions, db_path, gold_sql, repair, self.extract)
+            self.last_without_sql = sum(not sql for _, _, sql in items)
+            return self.pool.judge_many(items)
         except Exception as exc:
             log.error("reward batch could not be judged: %s: %s", type(exc).__name__, exc)
             return None
@@ -122,13 +134,16 @@ def make_rewards(
     backend: str = "process",
     schemas: dict | None = None,
     executable_credit: float = 0.0,
+    extract=extract_sql,
 ):
     """(execution_reward, syntax_reward) sharing one judge pool; see the module docstring.
+    `extract(completion) -> SQL` reads the answer (the rollout format's extractor).
     With `schemas` (db_id -> Schema), the SQL is schema-repaired before it is judged, using
     the batch's db_id and question columns (grpo.schema_repair). `executable_credit` is the
     execution reward of SQL that runs but returns the wrong result (Arctic-Text2SQL-R1: 0.1;
     its range is checked where params load: grpo.executable_credit)."""
-    state = _Rewards(JudgePool(limits, workers, keep_distinct, backend, shortcuts=True), schemas)
+    pool = JudgePool(limits, workers, keep_distinct, backend, shortcuts=True)
+    state = _Rewards(pool, schemas, extract)
 
     def execution_reward(completions, db_path, gold_sql, **kwargs) -> list[float | None]:
         """1.0 if the completion's SQL returns the gold result, `executable_credit` if it
@@ -137,6 +152,7 @@ def make_rewards(
         if judgements is None:
             return [0.0] * _count(completions)
         state.record(judgements, kwargs.get("log_metric"))
+        state.stats["without_sql"] += state.last_without_sql  # no final answer, no SQL at all
         return [
             None
             if j.status == "skipped"
@@ -175,21 +191,76 @@ def make_execution_reward(
     return make_rewards(limits, workers, keep_distinct, backend)[0]
 
 
+def format_reward(completions, **kwargs) -> list[float]:
+    """1.0 for a completion shaped as the reasoning rollout asks (<think>...</think> then
+    <answer>...</answer> and nothing after), else 0.0; it reads no database."""
+    from sqlrl.train.rollouts import reasoning_format_score
+
+    return [reasoning_format_score(c) for c in completions]
+
+
 # Module-level defaults (5 s limit, one pool started on first use), for TRL and scripts.
 execution_reward, syntax_reward = make_rewards()
+# The registry: a reward's name in grpo.reward_weights -> the function. `reward_registry`
+# builds the same names configured by params.
+REWARDS = {"execution": execution_reward, "syntax": syntax_reward, "format": format_reward}
+
+
+class RewardError(PipelineError, ValueError):
+    """A reward named in grpo.reward_weights cannot be used."""
+
+
+def resolve_reward(name: str, registry: dict | None = None):
+    """The reward called `name`: a registry name, or `package.module:function` imported from
+    the Python path (a user's own reward, called as TRL calls every reward function)."""
+    registry = REWARDS if registry is None else registry
+    if name in registry:
+        return registry[name]
+    module_name, sep, attribute = name.partition(":")
+    if not sep or not module_name or not attribute:
+        raise RewardError(
+            f"grpo.reward_weights: unknown reward {name!r}: one of {', '.join(registry)}, "
+            "or package.module:function"
+        )
+    try:
+        fn = getattr(importlib.import_module(module_name), attribute)
+    except Exception as exc:  # ImportError, AttributeError, or the module's own failure
+        raise RewardError(
+            f"grpo.reward_weights: cannot import reward {name!r}: {type(exc).__name__}: {exc}"
+        ) from None
+    if not callable(fn):
+        raise RewardError(
+            f"grpo.reward_weights: reward {name!r} is a {type(fn).__name__}, not a function"
+        )
+    return fn
+
+
+def reward_registry(params, spider_dir: str | Path, rollout: str | None = None) -> dict:
+    """name -> reward function, configured as grpo params (GrpoParams) say: the limits,
+    schema repair, executable credit and the rollout's extractor (`rollout` overrides
+    params.rollout: the pass-rate filter of an agent run samples without tools). The same in
+    prompt selection and in training, so a prompt's pass rate is measured by the reward it
+    is trained on. Schema repair reads the schemas from spider_dir/tables.json."""
+    from sqlrl.data.spider import load_schemas
+    from sqlrl.train.rollouts import EXTRACTORS
+
+    schemas = load_schemas(Path(spider_dir) / "tables.json") if params.schema_repair else None
+    execution, syntax = make_rewards(
+        ExecLimits(timeout_s=params.reward_timeout_s),
+        schemas=schemas,
+        executable_credit=params.executable_credit,
+        extract=EXTRACTORS[rollout or params.rollout],
+    )
+    return {"execution": execution, "syntax": syntax, "format": format_reward}
 
 
 def reward_functions(params, spider_dir: str | Path) -> list:
-    """[execution, syntax] rewards as grpo params (GrpoParams) configure them; the same in
-    prompt selection and in training, so a prompt's pass rate is measured by the reward it is
-    trained on. Schema repair reads the schemas from spider_dir/tables.json."""
-    from sqlrl.data.spider import load_schemas
+    """The rewards grpo.reward_weights names, in its order (TRL's reward_weights:
+    `reward_weight_list`)."""
+    registry = reward_registry(params, spider_dir)
+    return [resolve_reward(name, registry) for name in params.reward_weights]
 
-    schemas = load_schemas(Path(spider_dir) / "tables.json") if params.schema_repair else None
-    return list(
-        make_rewards(
-            ExecLimits(timeout_s=params.reward_timeout_s),
-            schemas=schemas,
-            executable_credit=params.executable_credit,
-        )
-    )
+
+def reward_weight_list(params) -> list[float]:
+    """grpo.reward_weights' weights, in the order of `reward_functions`."""
+    return [float(w) for w in params.reward_weights.values()]
