@@ -89,3 +89,23 @@ def whole_spider_prepare_params(**changes):
         max_prompt_tokens=0,
     )
     return dataclasses.replace(base, **{**defaults, **changes})
+
+
+def grpo_rows(spider_dir: Path, examples) -> list[dict]:
+    """GRPO rows (prompt, gold_sql, db_id, question, db_path) for Spider `examples`, as prepare
+    writes them (a short system prompt: the rows' prompts stay small)."""
+    from sqlrl.data.prepare import recorded_path
+    from sqlrl.data.prompts import build_messages, compact_schema
+    from sqlrl.data.spider import database_path, load_schemas
+
+    schemas = load_schemas(spider_dir / "tables.json")
+    return [
+        {
+            "prompt": build_messages(compact_schema(schemas[e.db_id]), e.question, "SQL only."),
+            "gold_sql": e.query,
+            "db_id": e.db_id,
+            "question": e.question,
+            "db_path": recorded_path(database_path(spider_dir, e.db_id)),
+        }
+        for e in examples
+    ]

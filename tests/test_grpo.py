@@ -8,9 +8,7 @@ import json
 import pytest
 import torch
 
-from sqlrl.data.prepare import recorded_path
-from sqlrl.data.prompts import build_messages, compact_schema
-from sqlrl.data.spider import database_path, load_examples, load_schemas
+from sqlrl.data.spider import load_examples, load_schemas
 from sqlrl.model.modeling import build_scratch_model, to_transformers_tokenizer, train_tokenizer
 from sqlrl.params import ArchitectureParams, compose_params, params_from_dict
 from sqlrl.sql.executor import SQLExecutor
@@ -18,7 +16,7 @@ from sqlrl.train.grpo import StepTimer, summarize_log, train_grpo
 from sqlrl.train.grpo_prompts import select_prompts
 from sqlrl.train.merge import merge_adapter
 from sqlrl.train.rewards import make_rewards, reward_functions
-from tests.repo_tools import SPIDER_DIR
+from tests.repo_tools import SPIDER_DIR, grpo_rows
 
 ARCH = ArchitectureParams(
     hidden_size=32,
@@ -35,17 +33,7 @@ ARCH = ArchitectureParams(
 def rows(spider_dir):
     """GRPO rows (prompt, gold_sql, db_path) for real train questions, as prepare writes them."""
     schemas = load_schemas(spider_dir / "tables.json")
-    examples = load_examples(spider_dir / "train_spider.json", schemas)[:16]
-    return [
-        {
-            "prompt": build_messages(compact_schema(schemas[e.db_id]), e.question, "SQL only."),
-            "gold_sql": e.query,
-            "db_id": e.db_id,
-            "question": e.question,
-            "db_path": recorded_path(database_path(spider_dir, e.db_id)),
-        }
-        for e in examples
-    ]
+    return grpo_rows(spider_dir, load_examples(spider_dir / "train_spider.json", schemas)[:16])
 
 
 @pytest.fixture(scope="module")
