@@ -464,3 +464,66 @@ def test_resume_continues_only_a_run_of_the_same_params(rows, tiny_sft, tmp_path
     assert changed["resumed_from"] is None and changed["steps"] == 2
     assert "not resuming from" in caplog.text
     assert run(resume=True, learning_rate=1e-3)["resumed_from"] == "checkpoint-2"
+
+
+def test_the_reasoning_rollout_trains_on_its_prompt_and_reports_its_format(
+    rows, tiny_sft, tmp_path, spider_dir
+):
+    """grpo.rollout=reasoning: the trainer's prompts carry the reasoning system prompt (the
+    rows as prepare wrote them otherwise), the format reward is weighted in by name, and
+    metrics/grpo.json says how often the shape was right and how often no answer came (a
+    random model: never right, never an answer). The sql rollout adds none of these keys."""
+    from sqlrl.train.rollouts import REASONING_SYSTEM_PROMPT
+    from tests.repo_tools import fixed_params
+
+    systems = []
+    params = fixed_params("grpo.rollout=reasoning", "+grpo.reward_weights.format=0.5").grpo
+    params = dataclasses.replace(
+        params, steps=1, batch_size=4, num_generations=2, max_completion_length=8
+    )
+    execution, syntax, format_reward = reward_functions(params, spider_dir)
+
+    def recording_format_reward(completions, prompts, **kwargs):
+        systems.extend(p[0]["content"] for p in prompts)
+        return format_reward(completions, **kwargs)
+
+    recording_format_reward.__name__ = "format_reward"
+    metrics = train_grpo(
+        params,
+        0,
+        tiny_sft,
+        rows[:4],
+        tmp_path / "adapter",
+        [execution, syntax, recording_format_reward],
+        checkpoint_dir=tmp_path / "ckpt",
+        dvclive_dir=None,
+    )
+    assert systems and set(systems) == {REASONING_SYSTEM_PROMPT}
+    assert rows[0]["prompt"][0]["content"] == "SQL only."
+    assert metrics["rollout"] == "reasoning"
+    assert metrics["mean_format_reward"] == 0.0 and metrics["no_answer_share"] == 1.0
+    assert "tool_calls_per_episode" not in metrics
+
+
+def test_rollout_metrics_of_an_agent_run():
+    from collections import Counter
+
+    from sqlrl.train.grpo import rollout_metrics
+    from sqlrl.train.sql_environment import EpisodeStats
+
+    def execution_reward():
+        pass
+
+    execution_reward.stats = Counter(ok=6, error=2, without_sql=2)
+    agent = _grpo_params(rollout="agent")
+    history = [{"rewards/format_reward/mean": 0.5}, {"rewards/format_reward/mean": 0.25}]
+    stats = EpisodeStats(episodes=8, calls=12, failed_calls=3)
+    assert rollout_metrics(agent, history, stats, [execution_reward]) == {
+        "rollout": "agent",
+        "mean_format_reward": 0.375,
+        "tool_calls_per_episode": 1.5,
+        "failed_tool_call_share": 0.25,
+        "episodes": 8,
+        "no_answer_share": 0.25,
+    }
+    assert rollout_metrics(_grpo_params(), history, stats, [execution_reward]) == {}
