@@ -1,6 +1,9 @@
 """GRPO with the execution reward: TRL's GRPOTrainer on the SFT model with a LoRA adapter.
 
-The prompts come from the grpo_prompts stage (sqlrl/train/grpo_prompts.py).
+The prompts come from the grpo_prompts stage (sqlrl/train/grpo_prompts.py); grpo.rollout picks
+how completions answer (docs/rollouts.md): the agent rollout hands TRL the execute_sql
+environment (sqlrl/train/sql_environment.py) and TRL runs the tool loop; the default `sql`
+rollout passes the trainer exactly what it got before rollouts existed.
 Rollouts use transformers generation, or vLLM where installed and asked for: colocated on the
 training GPUs, or a separate server (grpo.vllm_mode: server, checked before the model loads).
 The policy's weights are kept in fp32 whatever the SFT model is saved in, bf16 coming from
