@@ -111,6 +111,7 @@ class PrepareParams:
     sample_rows: Count
     include_train_others: Bool
     heldout_fraction: ShareBelowOne
+    rl_only_fraction: ShareBelowOne
     max_train_examples: Count
     max_dev_examples: Count
     system_prompt: Str

@@ -10,6 +10,7 @@ import shutil
 import pytest
 
 from sqlrl.data.prepare import prepare, split_heldout
+from sqlrl.data.prompts import normalize_sql_whitespace
 from sqlrl.data.spider import Example, SpiderDataError
 from tests.repo_tools import fixed_params, whole_spider_prepare_params
 
@@ -273,3 +274,24 @@ def test_max_prompt_tokens_trims_sample_rows_of_large_schemas_only(mini_root):
     tokens = metrics["sft_tokens"]
     assert tokens["n"] == len(rows) and tokens["p50"] <= tokens["p95"] <= tokens["max"]
     assert longest_prompt < tokens["max"] < longest_prompt + 200  # a row is its prompt + its SQL
+
+
+def test_rl_only_queries_go_to_grpo_alone_and_never_to_sft_or_heldout(mini_root):
+    """prepare.rl_only_fraction: GRPO's prompts are whole training queries SFT never sees."""
+    metrics = _prepare(mini_root, _params(heldout_fraction=0.1, rl_only_fraction=0.3), seed=5)
+    sft, grpo = _read(mini_root, "sft.jsonl"), _read(mini_root, "grpo.jsonl")
+    heldout = _read(mini_root, "heldout.jsonl")
+    sft_golds = {r["completion"][0]["content"] for r in sft}
+    assert grpo and all(normalize_sql_whitespace(r["gold_sql"]) not in sft_golds for r in grpo)
+    assert {r["gold_sql"] for r in grpo}.isdisjoint({r["gold"] for r in heldout})
+    train = metrics["train"]
+    assert train["rl_only"] == len(grpo) and train["sft"] == len(sft)
+    assert train["sft"] + train["rl_only"] + train["heldout"] == train["examples"]
+    # about 30% of each database's queries; and none at all with the fraction at 0
+    assert 0.2 < train["groups_rl_only"] / train["groups_train"] < 0.4
+    _prepare(mini_root, _params(heldout_fraction=0.1), seed=5)
+    shared_sft, shared_grpo = _read(mini_root, "sft.jsonl"), _read(mini_root, "grpo.jsonl")
+    assert len(shared_grpo) == len(shared_sft) == len(sft) + len(grpo)
+    assert {normalize_sql_whitespace(r["gold_sql"]) for r in shared_grpo} == {
+        r["completion"][0]["content"] for r in shared_sft
+    }

@@ -80,6 +80,18 @@ def split_heldout(examples: list[Example], fraction: float, seed: int):
     )
 
 
+def split_rl_only(examples: list[Example], fraction: float, seed: int):
+    """(sft, rl_only, stats): `fraction` of each database's training queries, with all their
+    questions, kept out of SFT and given to GRPO alone, split like the held-out set (whole
+    queries) under its own seed. Why: GRPO on the questions SFT memorised learns little that
+    carries to new queries; on queries SFT never saw, its prompts look like the held-out
+    ones. With fraction 0, SFT and GRPO share every training question."""
+    if fraction <= 0:
+        return list(examples), [], {}
+    sft, rl_only, stats = split_heldout(examples, fraction, f"{seed}:rl-only")
+    return sft, rl_only, {"rl_only": len(rl_only), "groups_rl_only": stats["groups_heldout"]}
+
+
 def _limit(items: list, n: int) -> list:
     return items[:n] if n > 0 else items
 
@@ -118,6 +130,16 @@ def _token_stats(sft_rows: list[dict]) -> dict:
         "p50": lengths[len(lengths) // 2],
         "p95": lengths[int(0.95 * (len(lengths) - 1))],
         "max": lengths[-1],
+    }
+
+
+def _grpo_row(ex: Example, messages: list[dict], spider_dir: Path) -> dict:
+    return {
+        "prompt": messages,
+        "gold_sql": ex.query,
+        "db_id": ex.db_id,
+        "question": ex.question,
+        "db_path": recorded_path(database_path(spider_dir, ex.db_id)),
     }
 
 
@@ -176,25 +198,21 @@ def prepare(
     extra, extra_stats = extra_training_examples(
         params.extra_train, extra_dir, schemas, present, heldout + dev
     )
-    train = train + extra
+    sft_train, rl_only, rl_stats = split_rl_only(train, params.rl_only_fraction, seed)
+    sft_train = sft_train + extra
 
     prompts = PromptFactory(PromptSettings.from_prepare(params), schemas, spider_dir)
     sft_rows, grpo_rows = [], []
-    for ex in train:
+    for ex in sft_train:
         messages = prompts.messages(ex.db_id, ex.question)
         sft_rows.append(
             {"prompt": messages, "completion": completion_message(ex.query), "db_id": ex.db_id}
         )
-        grpo_rows.append(
-            {
-                "prompt": messages,
-                "gold_sql": ex.query,
-                "db_id": ex.db_id,
-                "question": ex.question,
-                "db_path": recorded_path(database_path(spider_dir, ex.db_id)),
-            }
-        )
-    augment_stats = augment_rows(sft_rows, train, prompts, params, seed)
+        if not rl_only:
+            grpo_rows.append(_grpo_row(ex, messages, spider_dir))
+    for ex in rl_only:
+        grpo_rows.append(_grpo_row(ex, prompts.messages(ex.db_id, ex.question), spider_dir))
+    augment_stats = augment_rows(sft_rows, sft_train, prompts, params, seed)
     dev_rows = [_eval_row(ex, prompts) for ex in dev]
     heldout_rows = [_eval_row(ex, prompts) for ex in heldout]
 
@@ -214,6 +232,7 @@ def prepare(
             "heldout": len(heldout_rows),
             "heldout_split": "query",
             **split_stats,
+            **rl_stats,
         },
         "dev": {
             "examples": len(dev_rows),
