@@ -22,6 +22,7 @@ Metrics per split: ex, em, ex_all (EX over every question, the skipped ones coun
 correct / (n + skipped), the denominator of published Spider numbers), ex_nontrivial (EX
 without the n_trivial_gold questions whose gold result is empty or only 0/NULL, which wrong
 queries match easily), n (scored), skipped, by_hardness (each level with ex_all too),
+soft_f1 (BIRD-format sets: BIRD mini_dev's Soft-F1, also per difficulty),
 failures (sql_error, timeout: predictions that did not run; not "error", a key DVC reads as a
 failed metrics file),
 executable (share of scored predictions that ran without error), generation_seconds,
@@ -226,6 +227,7 @@ def _split_metrics(
         "ex_all": report["ex_all"],
         "ex_nontrivial": report.get("ex_nontrivial"),
         "n_trivial_gold": report.get("n_trivial_gold", 0),
+        **({"soft_f1": report["soft_f1"]} if "soft_f1" in report else {}),  # BIRD's rule
         "skipped": len(predictions) - n,
         **{key: report[key] for key in ("by_hardness", "by_difficulty") if key in report},
         "failures": {k: report["errors"].get(v, 0) for k, v in FAILURE_KINDS.items()},
@@ -294,6 +296,7 @@ def _majority_metrics(report: dict, voted: Answers, k: int) -> dict:
         "ex": report["ex"],
         "ex_all": report["ex_all"],
         "ex_nontrivial": report.get("ex_nontrivial"),
+        **({"soft_f1": report["soft_f1"]} if "soft_f1" in report else {}),
         **{key: report[key] for key in ("by_hardness", "by_difficulty") if key in report},
         "generation_seconds": round(voted.seconds, 3),
     }
