@@ -114,6 +114,9 @@ class PrepareParams:
     mark_schema_mentions: Bool
     max_prompt_tokens: Count
     extra_train: list[Str]
+    # a default only so that a params.yaml composed before this setting still loads (its
+    # advice and the default DVC records are conf/config.yaml's)
+    column_descriptions: Bool = False
 
     def __post_init__(self):
         for name in self.extra_train:

@@ -4,6 +4,7 @@ BIRD's rule; a Spider-format set added by params alone; bad set data named in on
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import sqlite3
 import subprocess
@@ -330,3 +331,77 @@ def test_a_set_named_like_a_split_or_outside_the_raw_folder_is_refused_at_params
     bad = "{format: bird, questions: ../q.json, tables: t.json, databases: [d]}"
     with pytest.raises(ParamsError, match="eval.sets.mine: '../q.json' must be relative"):
         _params([f"+eval.sets.mine={bad}"])
+
+
+# database_description/member.csv as BIRD's annotators saved theirs: CRLF line ends, a quoted
+# field over two lines, a "commonsense evidence:" label, a description that only repeats the
+# column's name, and a Windows-1252 byte (0x92, a curly apostrophe) that is not UTF-8
+MEMBER_CSV = (
+    b"original_column_name,column_name,column_description,data_format,value_description\r\n"
+    b"name,,the member\x92s name,text,\r\n"
+    b'status,,dues status,text,"commonsense evidence:\r\npaid or due"\r\n'
+    b"city,city,city,text,\r\n"
+)
+
+
+def _described(bird_release, csv=MEMBER_CSV, **settings):
+    """The prompts prepare_eval writes for the club questions, with column descriptions."""
+    (bird_release / "bird-dev/dev_databases/club/database_description/member.csv").write_bytes(csv)
+    prepare = dataclasses.replace(_params().prepare, column_descriptions=True, **settings)
+    rows, _ = prepare_set(
+        "bird_dev", _bird_spec(), bird_release, PromptSettings.from_prepare(prepare)
+    )
+    return rows
+
+
+def test_column_descriptions_are_attached_to_each_described_column(bird_release):
+    """Off by default (the fixture's own member.csv never shows); on, BIRD's notes follow
+    their columns in both schema formats, a note that repeats the name left out."""
+    plain, _ = prepare_set(
+        "bird_dev", _bird_spec(), bird_release, PromptSettings.from_prepare(_params().prepare)
+    )
+    assert "member | name, status, city\n" in plain[0]["prompt"][1]["content"]
+    compact = _described(bird_release, schema_format="compact")[0]["prompt"][1]["content"]
+    assert (
+        "member | name (the member\u2019s name), status (dues status; paid or due), city\n"
+        in compact
+    )
+    ddl = _described(bird_release, schema_format="ddl")[0]["prompt"][1]["content"]
+    assert (
+        "CREATE TABLE member (\n"
+        "  name TEXT, -- the member\u2019s name\n"
+        "  status TEXT, -- dues status; paid or due\n"
+        "  city TEXT\n"
+        ");"
+    ) in ddl
+
+
+def test_the_server_builds_the_described_prompt_prepare_wrote(bird_release):
+    """Training, evaluation and serving share the prompt path: the server's builder, given
+    the same databases, sends the prompt prepare_eval wrote (without BIRD's evidence)."""
+    from sqlrl.prompt_builder import PromptBuilder
+
+    row = _described(bird_release, schema_format="ddl")[1]  # the question without evidence
+    release = bird_release / "bird-dev"
+    server = bird_release.parent / "served"
+    (server / "database").mkdir(parents=True)
+    (server / "database" / "club").symlink_to(release / "dev_databases" / "club")
+    (server / "tables.json").write_bytes((release / "dev_tables.json").read_bytes())
+    settings = PromptSettings.from_prepare(
+        dataclasses.replace(_params().prepare, column_descriptions=True, schema_format="ddl")
+    )
+    builder = PromptBuilder(settings, server, local=True)
+    assert builder.messages(row["question"], db_id="club") == row["prompt"]
+
+
+def test_descriptions_absent_or_malformed(bird_release, tmp_path):
+    """No database_description folder: no notes and no error; a file that is not BIRD's
+    format: one line naming it."""
+    from sqlrl.data.descriptions import describe, read_descriptions
+
+    assert read_descriptions(tmp_path) == {}
+    # BIRD's toxicology: Windows-1252 bullets saved as U+0095, a byte lost as U+FFFD
+    note = describe("element", {"value_description": "\x95 cl: chlorine \x95 c: \ufffdcarbon"})
+    assert note == "\u2022 cl: chlorine \u2022 c: carbon"
+    with pytest.raises(SpiderDataError, match=r"member\.csv:1: no original_column_name column"):
+        _described(bird_release, b"column,meaning\nname,who\n")

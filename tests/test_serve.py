@@ -466,6 +466,7 @@ def test_overrides_replace_only_their_own_setting(trained, tokenizer, tmp_path):
         "mark_schema_mentions": True,
         "schema_repair": True,
         "max_prompt_tokens": 0,
+        "column_descriptions": False,  # false is left out of the file and read back as such
     }
     assert r.json()["sql"] == "SELECT COUNT(*) FROM singer"  # repaired, as in evaluation
     assert "Schema mentions: singer." in memorised.prompts[0]
@@ -506,6 +507,7 @@ def test_a_model_without_prompt_settings_does_not_start(trained, tokenizer, tmp_
             "mark_schema_mentions": False,
             "schema_repair": True,
             "max_prompt_tokens": 0,
+            "column_descriptions": False,  # optional: its default
         }
 
 
