@@ -10,6 +10,7 @@ is a `__post_init__` of the section that holds both.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -102,6 +103,23 @@ class AugmentParams:
 
 
 @dataclass(config=SECTION)
+class EvalSetParams:
+    """One benchmark-format set (sqlrl/data/benchmarks.py): an evaluation set beside Spider
+    dev and held-out (eval.sets), or a training set (prepare.extra_train_sets)."""
+
+    format: Literal[BENCHMARK_FORMATS]
+    questions: Str  # paths relative to the stages' --raw folder (data/raw/)
+    tables: Str
+    databases: Annotated[list[Str], Field(min_length=1)]  # searched in order for db_id/db_id.sqlite
+    question_key: Str = ""  # "" = the format's own (Spider-Syn asks `SpiderSynQuestion`)
+
+    def __post_init__(self):
+        for path in (self.questions, self.tables, *self.databases):
+            if Path(path).is_absolute() or ".." in Path(path).parts:
+                raise ValueError(f"{path!r} must be relative to data/raw/, without '..'")
+
+
+@dataclass(config=SECTION)
 class PrepareParams:
     schema_format: Literal[SCHEMA_FORMATS]
     sample_rows: Count
@@ -117,6 +135,11 @@ class PrepareParams:
     # a default only so that a params.yaml composed before this setting still loads (its
     # advice and the default DVC records are conf/config.yaml's)
     column_descriptions: Bool = False
+    # more training sets in an evaluation set's shape (BIRD's train split); the same kind of
+    # default, for the same reason
+    extra_train_sets: dict[Annotated[StrictStr, Field(pattern=SET_NAME)], EvalSetParams] = (
+        dataclasses.field(default_factory=dict)
+    )
 
     def __post_init__(self):
         for name in self.extra_train:
@@ -271,22 +294,6 @@ class GrpoParams:
 
 
 @dataclass(config=SECTION)
-class EvalSetParams:
-    """One evaluation set beside Spider dev and held-out (sqlrl/data/benchmarks.py)."""
-
-    format: Literal[BENCHMARK_FORMATS]
-    questions: Str  # paths relative to the prepare_eval stage's --raw folder (data/raw/)
-    tables: Str
-    databases: Annotated[list[Str], Field(min_length=1)]  # searched in order for db_id/db_id.sqlite
-    question_key: Str = ""  # "" = the format's own (Spider-Syn asks `SpiderSynQuestion`)
-
-    def __post_init__(self):
-        for path in (self.questions, self.tables, *self.databases):
-            if Path(path).is_absolute() or ".." in Path(path).parts:
-                raise ValueError(f"{path!r} must be relative to data/raw/, without '..'")
-
-
-@dataclass(config=SECTION)
 class EvalParams:
     batch_size: Positive
     max_new_tokens: Positive
@@ -330,8 +337,9 @@ class Params:
     eval: EvalParams
 
     def __post_init__(self):
-        """What needs two sections: each step's split over launch.num_processes, and a vLLM
-        context that holds the longest prompt prepare may write plus a completion."""
+        """What needs two sections: each step's split over launch.num_processes, a vLLM
+        context that holds the longest prompt prepare may write plus a completion, and no
+        training set that is also an evaluation set."""
         world = self.launch.num_processes
         self.sft.per_process(world)
         self.grpo.per_process(world)
@@ -341,6 +349,13 @@ class Params:
                 f"grpo.vllm_max_model_length ({self.grpo.vllm_max_model_length}) is less than "
                 f"prepare.max_prompt_tokens + grpo.max_completion_length ({longest})"
             )
+        measured = {spec.questions: name for name, spec in self.eval.sets.items()}
+        for name, spec in self.prepare.extra_train_sets.items():
+            if spec.questions in measured:  # training on a measured set's answers
+                raise ParamsError(
+                    f"prepare.extra_train_sets.{name} trains on {spec.questions}, which "
+                    f"eval.sets.{measured[spec.questions]} evaluates"
+                )
 
 
 _PARAMS = TypeAdapter(Params)
