@@ -73,6 +73,20 @@ Bf16 = Annotated[Any, PlainValidator(_bf16_setting)]  # true | false | "auto"
 SECTION = ConfigDict(extra="forbid", frozen=True)
 
 
+def check_sampling(
+    n: int, temperature: float, n_name: str = "n", t_name: str = "temperature"
+) -> None:
+    """The one rule for asking a model for several answers, checked here by params
+    (eval.num_samples), the generators, the server and TextToSQL: n > 1 needs a temperature
+    > 0, as greedy decoding gives the same answer every time. `n_name` and `t_name` are the
+    names the caller's user knows the two by."""
+    if n > 1 and not temperature > 0.0:
+        raise ParamsError(
+            f"{t_name} must be > 0 when {n_name} > 1: greedy decoding gives one answer "
+            f"(got {temperature})"
+        )
+
+
 def split_per_process(total: int, batch_size: int, world: int, what: str) -> tuple[int, int]:
     """(rows per pass per process, passes per optimizer step) that make one optimizer step see
     `total` rows in all over `world` processes. The recipe fixes the step's size; the machine
@@ -305,10 +319,7 @@ class EvalParams:
     sets: dict[Annotated[StrictStr, Field(pattern=SET_NAME)], EvalSetParams]
 
     def __post_init__(self):
-        if self.num_samples > 1 and self.temperature <= 0.0:
-            raise ParamsError(
-                f"eval.temperature must be > 0 when eval.num_samples > 1, got {self.temperature}"
-            )
+        check_sampling(self.num_samples, self.temperature, "eval.num_samples", "eval.temperature")
         taken = sorted(set(self.sets) & RESERVED_SET_NAMES)
         if taken:
             raise ParamsError(f"eval.sets: {taken} name the splits prepare writes; rename them")
