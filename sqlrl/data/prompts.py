@@ -19,7 +19,7 @@ from pathlib import Path
 from sqlrl.data.augment import mark_question
 from sqlrl.data.descriptions import read_descriptions
 from sqlrl.data.prompt_settings import PromptSettings
-from sqlrl.data.spider import PLAIN_IDENTIFIER, Schema, Table, database_path
+from sqlrl.data.spider import PLAIN_IDENTIFIER, Column, Schema, Table, database_path
 
 SAMPLE_VALUE_CHARS = 40
 
@@ -34,7 +34,7 @@ def quote_identifier(name: str) -> str:
 Notes = dict[str, dict[str, str]]  # table -> column -> description, names lower-cased
 
 
-def _note(notes: Notes | None, table: Table, column) -> str:
+def _note(notes: Notes | None, table: Table, column: Column) -> str:
     """The description of a column (sqlrl/data/descriptions.py), "" without one."""
     return (notes or {}).get(table.name.lower(), {}).get(column.name.lower(), "")
 
