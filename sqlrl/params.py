@@ -10,6 +10,7 @@ is a `__post_init__` of the section that holds both.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -76,6 +77,20 @@ Bf16 = Annotated[Any, PlainValidator(_bf16_setting)]  # true | false | "auto"
 SECTION = ConfigDict(extra="forbid", frozen=True)
 
 
+def check_sampling(
+    n: int, temperature: float, n_name: str = "n", t_name: str = "temperature"
+) -> None:
+    """The one rule for asking a model for several answers, checked here by params
+    (eval.num_samples), the generators, the server and TextToSQL: n > 1 needs a temperature
+    > 0, as greedy decoding gives the same answer every time. `n_name` and `t_name` are the
+    names the caller's user knows the two by."""
+    if n > 1 and not temperature > 0.0:
+        raise ParamsError(
+            f"{t_name} must be > 0 when {n_name} > 1: greedy decoding gives one answer "
+            f"(got {temperature})"
+        )
+
+
 def split_per_process(total: int, batch_size: int, world: int, what: str) -> tuple[int, int]:
     """(rows per pass per process, passes per optimizer step) that make one optimizer step see
     `total` rows in all over `world` processes. The recipe fixes the step's size; the machine
@@ -106,6 +121,23 @@ class AugmentParams:
 
 
 @dataclass(config=SECTION)
+class EvalSetParams:
+    """One benchmark-format set (sqlrl/data/benchmarks.py): an evaluation set beside Spider
+    dev and held-out (eval.sets), or a training set (prepare.extra_train_sets)."""
+
+    format: Literal[BENCHMARK_FORMATS]
+    questions: Str  # paths relative to the stages' --raw folder (data/raw/)
+    tables: Str
+    databases: Annotated[list[Str], Field(min_length=1)]  # searched in order for db_id/db_id.sqlite
+    question_key: Str = ""  # "" = the format's own (Spider-Syn asks `SpiderSynQuestion`)
+
+    def __post_init__(self):
+        for path in (self.questions, self.tables, *self.databases):
+            if Path(path).is_absolute() or ".." in Path(path).parts:
+                raise ValueError(f"{path!r} must be relative to data/raw/, without '..'")
+
+
+@dataclass(config=SECTION)
 class PrepareParams:
     schema_format: Literal[SCHEMA_FORMATS]
     sample_rows: Count
@@ -119,6 +151,14 @@ class PrepareParams:
     mark_schema_mentions: Bool
     max_prompt_tokens: Count
     extra_train: list[Str]
+    # a default only so that a params.yaml composed before this setting still loads (its
+    # advice and the default DVC records are conf/config.yaml's)
+    column_descriptions: Bool = False
+    # more training sets in an evaluation set's shape (BIRD's train split); the same kind of
+    # default, for the same reason
+    extra_train_sets: dict[Annotated[StrictStr, Field(pattern=SET_NAME)], EvalSetParams] = (
+        dataclasses.field(default_factory=dict)
+    )
 
     def __post_init__(self):
         for name in self.extra_train:
@@ -292,22 +332,6 @@ class GrpoParams:
 
 
 @dataclass(config=SECTION)
-class EvalSetParams:
-    """One evaluation set beside Spider dev and held-out (sqlrl/data/benchmarks.py)."""
-
-    format: Literal[BENCHMARK_FORMATS]
-    questions: Str  # paths relative to the prepare_eval stage's --raw folder (data/raw/)
-    tables: Str
-    databases: Annotated[list[Str], Field(min_length=1)]  # searched in order for db_id/db_id.sqlite
-    question_key: Str = ""  # "" = the format's own (Spider-Syn asks `SpiderSynQuestion`)
-
-    def __post_init__(self):
-        for path in (self.questions, self.tables, *self.databases):
-            if Path(path).is_absolute() or ".." in Path(path).parts:
-                raise ValueError(f"{path!r} must be relative to data/raw/, without '..'")
-
-
-@dataclass(config=SECTION)
 class EvalParams:
     batch_size: Positive
     max_new_tokens: Positive
@@ -319,10 +343,7 @@ class EvalParams:
     sets: dict[Annotated[StrictStr, Field(pattern=SET_NAME)], EvalSetParams]
 
     def __post_init__(self):
-        if self.num_samples > 1 and self.temperature <= 0.0:
-            raise ParamsError(
-                f"eval.temperature must be > 0 when eval.num_samples > 1, got {self.temperature}"
-            )
+        check_sampling(self.num_samples, self.temperature, "eval.num_samples", "eval.temperature")
         taken = sorted(set(self.sets) & RESERVED_SET_NAMES)
         if taken:
             raise ParamsError(f"eval.sets: {taken} name the splits prepare writes; rename them")
@@ -352,8 +373,9 @@ class Params:
 
     def __post_init__(self):
         """What needs two sections: each step's split over launch.num_processes, a chat
-        template with tools for the agent rollout, and a vLLM context that holds the longest
-        prompt prepare may write plus a completion."""
+        template with tools for the agent rollout, a vLLM context that holds the longest
+        prompt prepare may write plus a completion, and no training set that is also an
+        evaluation set."""
         world = self.launch.num_processes
         self.sft.per_process(world)
         self.grpo.per_process(world)
@@ -372,6 +394,13 @@ class Params:
                 f"grpo.vllm_max_model_length ({self.grpo.vllm_max_model_length}) is less than "
                 f"prepare.max_prompt_tokens + grpo.max_completion_length ({longest})"
             )
+        measured = {spec.questions: name for name, spec in self.eval.sets.items()}
+        for name, spec in self.prepare.extra_train_sets.items():
+            if spec.questions in measured:  # training on a measured set's answers
+                raise ParamsError(
+                    f"prepare.extra_train_sets.{name} trains on {spec.questions}, which "
+                    f"eval.sets.{measured[spec.questions]} evaluates"
+                )
 
 
 _PARAMS = TypeAdapter(Params)

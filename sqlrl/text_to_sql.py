@@ -5,90 +5,19 @@
     t("How many singers do we have?", db="concert_singer")   # 'SELECT count(*) FROM singer'
 
 Prompts are built from the settings saved with the model (sqlrl_prompt.json, written by the
-sft stage), the completion goes through the same SQL extraction and schema repair as
-evaluation, and `answer(..., execute=True)` runs the SQL read-only on the Spider database.
-The HTTP server (sqlrl/serve) answers the same way, through the same functions (extract_sqls,
-answer_from; a test compares them), running each step off its event loop.
+sft stage), the completions go through the answer path evaluation and the HTTP server share
+(sqlrl.answer: extraction, schema repair, vote; a test compares the three), and
+`answer(..., execute=True)` runs the SQL read-only on the Spider database.
 """
 
 from __future__ import annotations
 
 import unicodedata
-from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlrl.sql.executor import Verdict
+from sqlrl.answer import Answer, finish_answer, schema_repair
 
-
-@dataclass
-class Answer:
-    """The chosen SQL with how it was chosen; `verdict` when it was executed."""
-
-    sql: str
-    completion: str  # the model's text the SQL was taken from
-    candidates: list[str] = field(default_factory=list)  # every sample's SQL, in order
-    votes: int | None = None  # with several samples: the size of the winning group
-    vote: str | None = None  # "execution" (by result) or "sql_text"
-    verdict: Verdict | None = None
-    chosen: int = 0  # the index of the chosen sample in `candidates`
-
-
-def extract_sqls(
-    texts: list[str], *, schema=None, question: str = "", repair: bool = False
-) -> list[str]:
-    """The SQL of each completion, as evaluation scores it: extracted from the text, and with
-    `repair` and a known schema, names the schema lacks mapped onto names it has."""
-    from sqlrl.sql.extract import extract_sql
-    from sqlrl.sql.schema_repair import repair_sql
-
-    sqls = [extract_sql(text) for text in texts]
-    if repair and schema is not None:
-        sqls = [repair_sql(sql, schema, question) for sql in sqls]
-    return sqls
-
-
-def choose(
-    sqls: list[str], verdicts: list[Verdict] | None = None
-) -> tuple[int, int | None, str | None]:
-    """(chosen index, votes, how) over the samples: by execution result when they were run,
-    else the most frequent SQL text (the first of a tie); one sample is chosen unvoted."""
-    from sqlrl.eval.voting import vote
-
-    if len(sqls) <= 1:
-        return 0, None, None
-    if verdicts is not None:
-        chosen, votes = vote(verdicts)
-        return chosen, votes, "execution"
-    counts = Counter(sqls)
-    votes = max(counts.values())
-    return next(i for i, sql in enumerate(sqls) if counts[sql] == votes), votes, "sql_text"
-
-
-def answer_from(texts: list[str], sqls: list[str], verdicts: list[Verdict] | None) -> Answer:
-    """The Answer for completions whose SQL is extracted (and run, when `verdicts`)."""
-    if not texts:
-        raise ValueError("no completion to answer from")
-    chosen, votes, how = choose(sqls, verdicts)
-    verdict = verdicts[chosen] if verdicts is not None else None
-    return Answer(sqls[chosen], texts[chosen], sqls, votes, how, verdict, chosen)
-
-
-def finish_answer(
-    texts: list[str],
-    *,
-    schema=None,
-    question: str = "",
-    repair: bool = False,
-    execute: Callable[[list[str]], list[Verdict]] | None = None,
-) -> Answer:
-    """Model completions -> the answer, as evaluation scores them: the SQL extracted, names
-    the schema lacks repaired (when `repair` and the schema is known), and with several
-    samples a vote: by execution result when `execute` runs them, else by SQL text. The
-    server runs the same steps (extract_sqls, answer_from) with each one off its event loop."""
-    sqls = extract_sqls(texts, schema=schema, question=question, repair=repair)
-    return answer_from(texts, sqls, execute(sqls) if execute is not None else None)
+__all__ = ["Answer", "TextToSQL", "default_spider_dir"]
 
 
 def default_spider_dir() -> Path:
@@ -160,7 +89,9 @@ class TextToSQL:
         """The full answer; `execute` runs it on `db` (read-only); `num_samples` > 1 samples
         at `temperature` and votes by execution result (with `execute`) or by SQL text."""
         from sqlrl.data.prompts import render_prompt
+        from sqlrl.params import check_sampling
 
+        check_sampling(num_samples, temperature, "num_samples", "temperature")
         given = [
             name
             for name, value in (("db", db), ("schema", schema), ("ddl", ddl))
@@ -184,6 +115,4 @@ class TextToSQL:
             if db_path is not None
             else None
         )
-        return finish_answer(
-            texts, schema=known, question=question, repair=self.settings.schema_repair, execute=run
-        )
+        return finish_answer(texts, repair=schema_repair(known, question), execute=run)

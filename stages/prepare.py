@@ -1,4 +1,5 @@
-"""DVC stage `prepare`: the Spider release -> the prepared JSONL files and their metrics."""
+"""DVC stage `prepare`: the Spider release (and prepare.extra_train_sets) -> the prepared
+JSONL files and their metrics."""
 
 from __future__ import annotations
 
@@ -13,13 +14,16 @@ from stages import stage_main
 def arguments(parser) -> None:  # paths as strings, exactly as dvc.yaml writes them
     parser.add_argument("--spider", required=True, help="the Spider release")
     parser.add_argument("--extra-train", help="the folder of prepare.extra_train's files")
+    parser.add_argument("--raw", help="the folder prepare.extra_train_sets' paths start in")
     parser.add_argument("--out", required=True, help="folder for the JSONL files")
     parser.add_argument("--metrics", required=True)
 
 
 def main(args) -> int:
     params = load_params(args.params)
-    metrics = prepare(params.prepare, params.seed, args.spider, args.out, args.extra_train)
+    metrics = prepare(
+        params.prepare, params.seed, args.spider, args.out, args.extra_train, args.raw
+    )
     write_json(args.metrics, metrics)
     train, dev = metrics["train"], metrics["dev"]
     print(

@@ -28,6 +28,7 @@ def test_saved_settings_read_back_and_a_damaged_file_stops_the_server_at_startup
         max_prompt_tokens=1500,
         system_prompt="Answer in SQLite.",
         mark_schema_mentions=True,
+        column_descriptions=True,
         augment=dataclasses.replace(base.augment, copies=0),
     )
     path = write_prompt_settings(tmp_path, prep, False)
@@ -39,6 +40,7 @@ def test_saved_settings_read_back_and_a_damaged_file_stops_the_server_at_startup
         "system_prompt": "Answer in SQLite.",
         "mark_schema_mentions": True,
         "schema_repair": False,
+        "column_descriptions": True,
     }
     saved = json.loads(path.read_text())
     for field, bad, why in [

@@ -269,7 +269,7 @@ BAD = [
     (
         {"question": Q, "db_id": "concert_singer", "num_samples": 2, "temperature": 0},
         422,
-        "needs a temperature > 0",
+        "temperature must be > 0 when num_samples > 1",
     ),
     ({"question": Q, "ddl": "CREATE TABLE ("}, 422, "ddl: cannot parse"),
     ({"question": Q, "ddl": "SELECT 1"}, 422, "no CREATE TABLE statement"),
@@ -341,6 +341,94 @@ def _scripted_app(trained, tokenizer, generator, **kw):
     )
     settings = kw.pop("prompt_settings", SETTINGS)
     return create_app(_config(trained, **kw), backend=backend, prompt_settings=settings)
+
+
+class _Samples:
+    """A Generator double that answers every prompt with the same texts: the first greedily,
+    all of them when sampled."""
+
+    def __init__(self, texts):
+        self.texts = texts
+
+    def generate(self, prompts):
+        return [self.texts[0]] * len(prompts)
+
+    def sample(self, prompts, n, temperature, seed):
+        assert n == len(self.texts)
+        return [list(self.texts) for _ in prompts]
+
+
+# the candidates of one question on concert_singer: the first names a table of another
+# database (schema repair maps it onto singer), the second returns other rows, the third
+# agrees with the repaired first, the fourth fails. Repaired, the vote is 2 for the first;
+# unrepaired, the first fails and the second wins (the first of three groups of one).
+CANDIDATES = [
+    "```sql\nSELECT count(*) FROM performance\n```",
+    "SELECT Name FROM singer",
+    "SELECT count(*) FROM singer",
+    "SELECT nope FROM singer",
+]
+
+
+def test_evaluation_the_server_and_the_python_api_answer_alike(trained, tokenizer):
+    """One answer path (sqlrl.answer): given the same generated texts, evaluation (greedy
+    and maj@k), TextToSQL and the server choose the same SQL from the same completion with
+    the same votes, with schema repair on and off."""
+    from sqlrl.data.prompts import render_prompt
+    from sqlrl.eval.evaluate import evaluate_split
+    from sqlrl.text_to_sql import TextToSQL
+
+    db_path = str(SPIDER_DIR / "database" / "concert_singer" / "concert_singer.sqlite")
+    answers = {}
+    for repair in (True, False):
+        settings = dataclasses.replace(SETTINGS, schema_repair=repair)
+        builder = PromptBuilder(settings, SPIDER_DIR)
+        row = {
+            "question": Q,
+            "gold": "SELECT count(*) FROM singer",
+            "db_id": "concert_singer",
+            "db_path": db_path,
+            "prompt": builder.messages(Q, db_id="concert_singer"),
+        }
+        _, (evaluated,) = evaluate_split(
+            [row],
+            _Samples(CANDIDATES),
+            lambda messages: render_prompt(tokenizer, messages),
+            tables_json=SPIDER_DIR / "tables.json",
+            vote_samples=len(CANDIDATES),
+            temperature=0.8,
+            schema_repair=repair,
+            workers=1,
+        )
+        api = TextToSQL(trained, spider_dir=SPIDER_DIR, **dataclasses.asdict(settings))
+        api.generator = _Samples(CANDIDATES)
+        greedy = api.answer(Q, db="concert_singer")
+        voted = api.answer(
+            Q, db="concert_singer", execute=True, num_samples=len(CANDIDATES), temperature=0.8
+        )
+        app = _scripted_app(trained, tokenizer, _Samples(CANDIDATES), prompt_settings=settings)
+        with TestClient(app) as c:
+            served_greedy = c.post("/generate", json={"question": Q, "db_id": "concert_singer"})
+            served = c.post(
+                "/generate",
+                json={
+                    "question": Q,
+                    "db_id": "concert_singer",
+                    "execute": True,
+                    "num_samples": len(CANDIDATES),
+                    "temperature": 0.8,
+                },
+            ).json()
+        answers[repair] = (evaluated["maj_pred"], evaluated["votes"])
+        assert evaluated["pred"] == greedy.sql == served_greedy.json()["sql"]
+        assert evaluated["output"] == greedy.completion == served_greedy.json()["completion"]
+        assert (voted.sql, voted.votes) == (served["sql"], served["votes"]) == answers[repair]
+        assert voted.completion == served["completion"] == CANDIDATES[voted.chosen]
+        assert voted.candidates == served["candidates"]
+    assert answers == {
+        True: ("SELECT COUNT(*) FROM singer", 2),
+        False: ("SELECT Name FROM singer", 1),
+    }
 
 
 def test_schema_repair_maps_unknown_names_where_the_schema_is_known(trained, tokenizer):
@@ -466,6 +554,7 @@ def test_overrides_replace_only_their_own_setting(trained, tokenizer, tmp_path):
         "mark_schema_mentions": True,
         "schema_repair": True,
         "max_prompt_tokens": 0,
+        "column_descriptions": False,  # false is left out of the file and read back as such
     }
     assert r.json()["sql"] == "SELECT COUNT(*) FROM singer"  # repaired, as in evaluation
     assert "Schema mentions: singer." in memorised.prompts[0]
@@ -506,6 +595,7 @@ def test_a_model_without_prompt_settings_does_not_start(trained, tokenizer, tmp_
             "mark_schema_mentions": False,
             "schema_repair": True,
             "max_prompt_tokens": 0,
+            "column_descriptions": False,  # optional: its default
         }
 
 

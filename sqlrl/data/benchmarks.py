@@ -7,7 +7,8 @@ where the format has them) and each example's database file:
   their own files (Spider-Syn asks its `SpiderSynQuestion`), and so is a user's own set.
 - `bird`: BIRD's (`question`, `evidence`, `SQL`, `difficulty`; `dev_tables.json` in Spider's
   tables format; `dev_databases/<db_id>/<db_id>.sqlite`).
-A set names its files in params (eval.sets), relative to data/raw/; a database it lacks is
+A set names its files in params (eval.sets; prepare.extra_train_sets for training sets, read
+here too), relative to data/raw/; a database it lacks is
 skipped and counted, never scored as wrong, so a user with every database scores every
 question with no change of code.
 """
@@ -43,9 +44,12 @@ class Databases:
         return next((path for path in candidates if path.is_file()), candidates[0])
 
 
-def load_set(name: str, spec, raw_dir: str | Path) -> tuple[list[Example], dict, Databases]:
+def load_set(
+    name: str, spec, raw_dir: str | Path, setting: str = "eval.sets"
+) -> tuple[list[Example], dict, Databases]:
     """A set's examples, schemas and databases, from `spec` (EvalSetParams). A missing or
-    malformed file is one error naming the set and the file (and the item)."""
+    malformed file is one error naming the set (as `setting`.name) and the file (and the
+    item)."""
     raw_dir = Path(raw_dir)
     fields = FORMAT_FIELDS[spec.format]
     if spec.question_key:
@@ -53,14 +57,14 @@ def load_set(name: str, spec, raw_dir: str | Path) -> tuple[list[Example], dict,
     for path in (raw_dir / spec.questions, raw_dir / spec.tables):
         if not path.is_file():
             raise SpiderDataError(
-                f"eval.sets.{name}: {path}: no such file (copy its .dvc pointer to data/raw/ "
+                f"{setting}.{name}: {path}: no such file (copy its .dvc pointer to data/raw/ "
                 "and `dvc pull` it, or fix the path in params)"
             )
     try:
         schemas = load_tables(raw_dir / spec.tables)
         examples = load_examples(raw_dir / spec.questions, schemas, fields)
     except SpiderDataError as exc:
-        raise SpiderDataError(f"eval.sets.{name}: {exc}") from None
+        raise SpiderDataError(f"{setting}.{name}: {exc}") from None
     return examples, schemas, Databases(tuple(raw_dir / d for d in spec.databases))
 
 

@@ -133,13 +133,14 @@ def _token_stats(sft_rows: list[dict]) -> dict:
     }
 
 
-def _grpo_row(ex: Example, messages: list[dict], spider_dir: Path) -> dict:
+def _grpo_row(ex: Example, messages: list[dict], db_path: Path) -> dict:
+    """A GRPO row: the prompt and what the reward executes (the gold, on its database)."""
     return {
         "prompt": messages,
         "gold_sql": ex.query,
         "db_id": ex.db_id,
         "question": ex.question,
-        "db_path": recorded_path(database_path(spider_dir, ex.db_id)),
+        "db_path": recorded_path(db_path),
     }
 
 
@@ -173,9 +174,11 @@ def prepare(
     spider_dir: str | Path,
     out_dir: str | Path,
     extra_dir: str | Path | None = None,
+    raw_dir: str | Path | None = None,
 ) -> dict:
     """Read the Spider release in `spider_dir` (and prepare.extra_train's files in
-    `extra_dir`), write the four JSONL files into `out_dir`, return metrics/prepare.json."""
+    `extra_dir`, prepare.extra_train_sets' in `raw_dir`), write the four JSONL files into
+    `out_dir`, return metrics/prepare.json."""
     spider_dir, out_dir = Path(spider_dir), Path(out_dir)
     if not spider_dir.is_dir():
         raise SpiderDataError(
@@ -205,14 +208,14 @@ def prepare(
     sft_rows, grpo_rows = [], []
     for ex in sft_train:
         messages = prompts.messages(ex.db_id, ex.question)
-        sft_rows.append(
-            {"prompt": messages, "completion": completion_message(ex.query), "db_id": ex.db_id}
-        )
+        sft_rows.append(_sft_row(ex, messages))
         if not rl_only:
-            grpo_rows.append(_grpo_row(ex, messages, spider_dir))
+            grpo_rows.append(_grpo_row(ex, messages, database_path(spider_dir, ex.db_id)))
     for ex in rl_only:
-        grpo_rows.append(_grpo_row(ex, prompts.messages(ex.db_id, ex.question), spider_dir))
+        messages = prompts.messages(ex.db_id, ex.question)
+        grpo_rows.append(_grpo_row(ex, messages, database_path(spider_dir, ex.db_id)))
     augment_stats = augment_rows(sft_rows, sft_train, prompts, params, seed)
+    sets_stats = add_training_sets(sft_rows, grpo_rows, params, raw_dir)
     dev_rows = [_eval_row(ex, prompts) for ex in dev]
     heldout_rows = [_eval_row(ex, prompts) for ex in heldout]
 
@@ -248,7 +251,48 @@ def prepare(
         **({"sft_tokens": _token_stats(sft_rows)} if params.max_prompt_tokens else {}),
         "augment": augment_stats,
         **({"extra_train": extra_stats} if params.extra_train else {}),
+        **({"extra_train_sets": sets_stats} if params.extra_train_sets else {}),
     }
+
+
+def _sft_row(ex: Example, messages: list[dict]) -> dict:
+    """An SFT row: the prompt, and the gold SQL as the answer."""
+    return {"prompt": messages, "completion": completion_message(ex.query), "db_id": ex.db_id}
+
+
+def add_training_sets(
+    sft_rows: list[dict], grpo_rows: list[dict], params: PrepareParams, raw_dir
+) -> dict:
+    """Append the SFT and GRPO rows of prepare.extra_train_sets (BIRD's train split, say):
+    each set read as an evaluation set is (sqlrl/data/benchmarks.py), its questions asked
+    with their evidence, under the same prompt settings; questions whose database is absent
+    are skipped and counted. Returns the counts per set."""
+    from sqlrl.data.benchmarks import load_set
+
+    if not params.extra_train_sets:
+        return {}
+    if raw_dir is None:
+        raise ValueError("prepare.extra_train_sets names sets, but no folder (--raw) holds them")
+    settings = PromptSettings.from_prepare(params)
+    stats = {}
+    for name, spec in params.extra_train_sets.items():
+        examples, schemas, databases = load_set(name, spec, raw_dir, "prepare.extra_train_sets")
+        prompts = PromptFactory(settings, schemas, None, locate=databases.path)
+        kept = [ex for ex in examples if databases.path(ex.db_id).is_file()]
+        for ex in kept:
+            messages = prompts.messages(ex.db_id, ex.question, ex.evidence)
+            sft_rows.append(_sft_row(ex, messages))
+            grpo_rows.append(_grpo_row(ex, messages, databases.path(ex.db_id)))
+        stats[name] = {
+            "format": spec.format,
+            "examples": len(examples),
+            "kept": len(kept),
+            "skipped_db_absent": len(examples) - len(kept),
+            "absent_databases": sorted(
+                {ex.db_id for ex in examples if not databases.path(ex.db_id).is_file()}
+            ),
+        }
+    return stats
 
 
 def extra_training_examples(

@@ -23,8 +23,13 @@ _TYPES = {
     "system_prompt": str,
     "mark_schema_mentions": bool,
     "schema_repair": bool,
+    "column_descriptions": bool,
 }
 FIELDS = tuple(_TYPES)
+# settings added later, with the value a file written before them means; written only when
+# they differ from it, so a default run's model folders stay byte for byte what they were
+OPTIONAL = {"column_descriptions": False}
+REQUIRED = tuple(name for name in FIELDS if name not in OPTIONAL)
 
 
 class PromptSettingsError(PipelineError, FileNotFoundError):
@@ -35,6 +40,7 @@ def write_prompt_settings(model_dir: str | Path, prepare, schema_repair: bool) -
     """Save the prompt-building part of `prepare` (PrepareParams) and eval.schema_repair."""
     settings = {name: getattr(prepare, name) for name in FIELDS if name != "schema_repair"}
     settings["schema_repair"] = bool(schema_repair)
+    settings = {k: v for k, v in settings.items() if k not in OPTIONAL or v != OPTIONAL[k]}
     return write_json(Path(model_dir) / PROMPT_SETTINGS_FILE, settings)
 
 
@@ -53,7 +59,8 @@ def read_prompt_settings(model_dir: str | Path) -> dict:
         raise PromptSettingsError(f"{path}: unreadable ({exc})") from None
     if not isinstance(settings, dict):
         raise PromptSettingsError(f"{path}: not a JSON object")
-    missing = [name for name in FIELDS if name not in settings]
+    settings = {**OPTIONAL, **settings}
+    missing = [name for name in REQUIRED if name not in settings]
     if missing:
         raise PromptSettingsError(f"{path}: missing {', '.join(missing)}")
     for name, kind in _TYPES.items():  # a hand-edited file fails here, not on every request
@@ -75,6 +82,7 @@ class PromptSettings:
     mark_schema_mentions: bool = False
     schema_repair: bool = False
     max_prompt_tokens: int = 0  # DDL sample rows shrink until a prompt fits (0: no limit)
+    column_descriptions: bool = False  # BIRD's database_description/ in the schema text
 
     def __post_init__(self):
         if self.schema_format not in SCHEMA_FORMATS:
@@ -93,11 +101,12 @@ class PromptSettings:
         """The settings saved in `model_dir`, each non-None override on top (per field).
 
         Never params.yaml: the workspace may hold another profile than the one the model was
-        trained with. With every field overridden the folder needs no settings file."""
+        trained with. With every required field overridden the folder needs no settings file
+        (a setting added later, OPTIONAL, then takes its default)."""
         values = {k: v for k, v in overrides.items() if v is not None}
         unknown = set(values) - set(FIELDS)
         if unknown:
             raise TypeError(f"unknown prompt setting(s): {', '.join(sorted(unknown))}")
-        if set(values) != set(FIELDS):
+        if not set(REQUIRED) <= set(values):
             values = {**read_prompt_settings(model_dir), **values}
         return cls(**values)

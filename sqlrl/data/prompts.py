@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlrl.data.augment import mark_question
+from sqlrl.data.descriptions import read_descriptions
 from sqlrl.data.prompt_settings import PromptSettings
-from sqlrl.data.spider import PLAIN_IDENTIFIER, Schema, Table, database_path
+from sqlrl.data.spider import PLAIN_IDENTIFIER, Column, Schema, Table, database_path
 
 SAMPLE_VALUE_CHARS = 40
 
@@ -30,20 +31,36 @@ def quote_identifier(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-def compact_schema(schema: Schema) -> str:
-    """`table | col, col | table | col`: one line, tables in schema order."""
+Notes = dict[str, dict[str, str]]  # table -> column -> description, names lower-cased
+
+
+def _note(notes: Notes | None, table: Table, column: Column) -> str:
+    """The description of a column (sqlrl/data/descriptions.py), "" without one."""
+    return (notes or {}).get(table.name.lower(), {}).get(column.name.lower(), "")
+
+
+def compact_schema(schema: Schema, notes: Notes | None = None) -> str:
+    """`table | col, col | table | col`: one line, tables in schema order; with `notes`, a
+    described column reads `col (what it holds)`."""
     parts = []
     for table in schema.tables:
         parts.append(table.name)
-        parts.append(", ".join(col.name for col in table.columns))
+        names = []
+        for col in table.columns:
+            note = _note(notes, table, col)
+            names.append(f"{col.name} ({note})" if note else col.name)
+        parts.append(", ".join(names))
     return " | ".join(parts)
 
 
-def ddl_schema(schema: Schema, db_path: Path | None = None, sample_rows: int = 0) -> str:
-    """CREATE TABLE statements; with `sample_rows` > 0, that many rows per table as comments."""
+def ddl_schema(
+    schema: Schema, db_path: Path | None = None, sample_rows: int = 0, notes: Notes | None = None
+) -> str:
+    """CREATE TABLE statements; with `sample_rows` > 0, that many rows per table as comments;
+    with `notes`, each described column's line ends in an SQL comment saying what it holds."""
     blocks = []
     for table in schema.tables:
-        block = _create_table(schema, table)
+        block = _create_table(schema, table, notes)
         if sample_rows > 0:
             if db_path is None:
                 raise ValueError(f"{schema.db_id}: sample rows need the database file")
@@ -52,7 +69,7 @@ def ddl_schema(schema: Schema, db_path: Path | None = None, sample_rows: int = 0
     return "\n\n".join(blocks)
 
 
-def _create_table(schema: Schema, table: Table) -> str:
+def _create_table(schema: Schema, table: Table, notes: Notes | None = None) -> str:
     lines = [f"  {quote_identifier(c.name)} {c.type.upper()}" for c in table.columns]
     keys = [quote_identifier(c.name) for c in table.columns if c.is_primary]
     if keys:
@@ -63,7 +80,17 @@ def _create_table(schema: Schema, table: Table) -> str:
                 f"  FOREIGN KEY ({quote_identifier(fk.column)}) REFERENCES "
                 f"{quote_identifier(fk.ref_table)}({quote_identifier(fk.ref_column)})"
             )
-    return f"CREATE TABLE {quote_identifier(table.name)} (\n" + ",\n".join(lines) + "\n);"
+    comments = [_note(notes, table, c) for c in table.columns] + [""] * (
+        len(lines) - len(table.columns)
+    )
+    if any(comments):  # the comma before the comment, or the comment would swallow it
+        body = "\n".join(
+            line + ("," if i < len(lines) - 1 else "") + (f" -- {note}" if note else "")
+            for i, (line, note) in enumerate(zip(lines, comments, strict=True))
+        )
+    else:
+        body = ",\n".join(lines)
+    return f"CREATE TABLE {quote_identifier(table.name)} (\n" + body + "\n);"
 
 
 def _sample_rows_comment(db_path: Path, table: Table, n: int) -> str:
@@ -89,13 +116,18 @@ def _short_value(value: object) -> str:
 
 
 def serialize_schema(
-    schema: Schema, schema_format: str, db_path: Path | None = None, sample_rows: int = 0
+    schema: Schema,
+    schema_format: str,
+    db_path: Path | None = None,
+    sample_rows: int = 0,
+    notes: Notes | None = None,
 ) -> str:
-    """The schema text for a prompt, in the format `prepare.schema_format` names."""
+    """The schema text for a prompt, in the format `prepare.schema_format` names, with the
+    column descriptions in `notes` (prepare.column_descriptions) where given."""
     if schema_format == "compact":
-        return compact_schema(schema)
+        return compact_schema(schema, notes)
     if schema_format == "ddl":
-        return ddl_schema(schema, db_path, sample_rows)
+        return ddl_schema(schema, db_path, sample_rows, notes)
     raise ValueError(f"unknown schema format {schema_format!r} (use 'compact' or 'ddl')")
 
 
@@ -180,8 +212,9 @@ class PromptFactory:
         db_path = self.locate(db_id) if self.locate else database_path(self.spider_dir, db_id)
         p = self.settings
         rows = p.sample_rows if p.schema_format == "ddl" else 0
+        notes = read_descriptions(db_path.parent) if p.column_descriptions and db_path else None
         while True:
-            text = serialize_schema(schema, p.schema_format, db_path, rows)
+            text = serialize_schema(schema, p.schema_format, db_path, rows, notes)
             if (
                 rows == 0
                 or p.max_prompt_tokens == 0

@@ -7,7 +7,8 @@
 
 - Rows whose database is absent (`prompt` null) are not generated for: they are predictions
   with status "skipped", ex/em null, counted in `skipped` (never scored as wrong).
-- The model text goes through the shared `extract_sql`, then the shared scorer
+- The model text goes through the answer path the server and TextToSQL share (sqlrl.answer:
+  extract, schema repair, vote), then the shared scorer
   (`sqlrl.eval.score.score_predictions`: execution accuracy, exact match, hardness, verdicts).
 - Schema repair (`eval.schema_repair`, `sqlrl/sql/schema_repair.py`): table and column names the
   database lacks are mapped onto its own before scoring; the model's unrepaired SQL is kept
@@ -22,6 +23,7 @@ Metrics per split: ex, em, ex_all (EX over every question, the skipped ones coun
 correct / (n + skipped), the denominator of published Spider numbers), ex_nontrivial (EX
 without the n_trivial_gold questions whose gold result is empty or only 0/NULL, which wrong
 queries match easily), n (scored), skipped, by_hardness (each level with ex_all too),
+soft_f1 (BIRD-format sets: BIRD mini_dev's Soft-F1, also per difficulty),
 failures (sql_error, timeout: predictions that did not run; not "error", a key DVC reads as a
 failed metrics file),
 executable (share of scored predictions that ran without error), generation_seconds,
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlrl.errors import PipelineError
-from sqlrl.eval.voting import self_consistency
+from sqlrl.eval.voting import vote_answers, votes_of
 from sqlrl.jsonio import read_jsonl
 from sqlrl.sql.judge import default_workers
 
@@ -101,10 +103,10 @@ def answer_prompts(
     fix: Callable[[int, str], str] | None,
     rules: str = "spider",
 ) -> Answers:
-    """Generate and pick each prompt's SQL: greedy (extract, then repair) or, with
-    num_samples > 1, sample and vote by execution result (repairing every candidate; results
-    grouped by the benchmark's `rules`)."""
-    from sqlrl.sql.extract import extract_sql
+    """Generate and pick each prompt's SQL through the answer path the server and TextToSQL
+    share (sqlrl.answer): greedy (extract, then repair) or, with num_samples > 1, sample,
+    repair every candidate and vote by execution result (grouped by the benchmark's `rules`)."""
+    from sqlrl.answer import finish_answer
 
     if not prompts:
         return Answers([], [], [], None, 0.0)
@@ -113,17 +115,26 @@ def answer_prompts(
         samples = generator.sample(prompts, num_samples, temperature, seed)
         seconds = time.perf_counter() - start
         _check_count(samples, prompts)
-        sqls, votes, outputs = self_consistency(samples, db_paths, fix=fix, rules=rules)
-        unrepaired = [extract_sql(text) for text in outputs] if fix is not None else []
-        return Answers(outputs, sqls, unrepaired, votes, seconds)
-    outputs = generator.generate(prompts)
-    seconds = time.perf_counter() - start
-    _check_count(outputs, prompts)
-    sqls = [extract_sql(text) for text in outputs]
-    unrepaired = []
-    if fix is not None:
-        unrepaired, sqls = sqls, [fix(k, sql) for k, sql in enumerate(sqls)]
-    return Answers(outputs, sqls, unrepaired, None, seconds)
+        answers = vote_answers(samples, db_paths, fix=fix, rules=rules)
+        votes = [votes_of(answer) for answer in answers]
+    else:
+        outputs = generator.generate(prompts)
+        seconds = time.perf_counter() - start
+        _check_count(outputs, prompts)
+        answers = [
+            finish_answer(
+                [text], repair=(lambda sql, k=k: fix(k, sql)) if fix is not None else None
+            )
+            for k, text in enumerate(outputs)
+        ]
+        votes = None
+    return Answers(
+        [a.completion for a in answers],
+        [a.sql for a in answers],
+        [a.extracted for a in answers] if fix is not None else [],
+        votes,
+        seconds,
+    )
 
 
 def _schema_fixer(rows: list[dict], todo: list[int], tables_json: str | Path):
@@ -226,6 +237,7 @@ def _split_metrics(
         "ex_all": report["ex_all"],
         "ex_nontrivial": report.get("ex_nontrivial"),
         "n_trivial_gold": report.get("n_trivial_gold", 0),
+        **({"soft_f1": report["soft_f1"]} if "soft_f1" in report else {}),  # BIRD's rule
         "skipped": len(predictions) - n,
         **{key: report[key] for key in ("by_hardness", "by_difficulty") if key in report},
         "failures": {k: report["errors"].get(v, 0) for k, v in FAILURE_KINDS.items()},
@@ -294,6 +306,7 @@ def _majority_metrics(report: dict, voted: Answers, k: int) -> dict:
         "ex": report["ex"],
         "ex_all": report["ex_all"],
         "ex_nontrivial": report.get("ex_nontrivial"),
+        **({"soft_f1": report["soft_f1"]} if "soft_f1" in report else {}),
         **{key: report[key] for key in ("by_hardness", "by_difficulty") if key in report},
         "generation_seconds": round(voted.seconds, 3),
     }

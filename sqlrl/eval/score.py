@@ -23,7 +23,9 @@ matches easily. The same report comes from `score_predictions` for in-process ca
 
 BIRD (--bird DIR, a BIRD release: dev_databases/, dev_tables.json, dev_gold.sql, dev.json) is
 scored by BIRD's own rule, as its evaluation_ex.py does: the predicted and gold results
-compared as sets of rows, EX per difficulty (simple / moderate / challenging), no EM. PRED is
+compared as sets of rows, EX per difficulty (simple / moderate / challenging), no EM; next to
+it BIRD mini_dev's Soft-F1 (`soft_f1`: partial credit per row, see sqlrl.sql.judge.bird_soft_f1;
+a query that fails scores 0), averaged over the questions, overall and per difficulty. PRED is
 BIRD's predict_dev.json ({"0": "SQL\t----- bird -----\tdb_id", ...}), one SQL a line, or
 the pipeline's predictions JSONL (a row with `"format": "bird"` selects BIRD's rule itself).
 """
@@ -167,6 +169,8 @@ def _bird_item(
         "difficulty": difficulty,
         "status": status,
         "ex": None if status == "skipped" else int(judgement.match),
+        # a query that failed (either one) scores 0, as in BIRD's evaluation_f1.py
+        "soft_f1": None if status == "skipped" else judgement.soft_f1 or 0.0,
         "em": None,
         "error": error[:_ERROR_CHARS],
         "gold_failed": judgement.gold_status not in ("ok", "skipped"),
@@ -198,6 +202,7 @@ def _summary(
     difficulty), and error counts."""
     scored = [it for it in items if it["status"] != "skipped"]
     statuses = Counter(it["status"] for it in scored)
+    soft_f1 = bool(items) and "soft_f1" in items[0]  # BIRD's rule: its Soft-F1 beside EX
     by_level = {}
     for level in levels:
         every = [it for it in items if it[level_key] == level]
@@ -209,6 +214,8 @@ def _summary(
             "em": _fraction([it["em"] for it in here if it["em"] is not None]),
             "skipped": len(every) - len(here),
         }
+        if soft_f1:
+            by_level[level]["soft_f1"] = _fraction([it["soft_f1"] for it in here])
     telling = [it for it in scored if not it.get("gold_trivial")]
     return {
         "ex": _fraction([it["ex"] for it in scored]),
@@ -221,6 +228,7 @@ def _summary(
         "n": len(scored),
         "skipped": len(items) - len(scored),
         "total": len(items),
+        **({"soft_f1": _fraction([it["soft_f1"] for it in scored])} if soft_f1 else {}),
         f"by_{level_key}": by_level,
         "errors": {"error": statuses["error"], "timeout": statuses["timeout"]},
         "gold_failed": sum(1 for it in scored if it["gold_failed"]),
@@ -460,6 +468,10 @@ def main(argv: list[str] | None = None) -> int:
             for level, m in report["by_difficulty"].items()
         )
         print(f"BIRD EX {_percent(report['ex'])}  {levels}  skipped={report['skipped']}")
+        levels = "  ".join(
+            f"{level} {_percent(m['soft_f1'])}" for level, m in report["by_difficulty"].items()
+        )
+        print(f"BIRD Soft-F1 {_percent(report['soft_f1'])}  {levels}")
         return 0
     print(
         f"EX {_percent(report['ex'])}  EM {_percent(report['em'])}  n={report['n']} "

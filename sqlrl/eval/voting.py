@@ -37,6 +37,43 @@ def vote(verdicts, rules: str = "spider") -> tuple[int, int]:
     return best[0], len(best)
 
 
+def vote_answers(
+    samples: list[list[str]],
+    db_paths: list[str],
+    executor=None,
+    fix: Callable[[int, str], str] | None = None,
+    rules: str = "spider",
+) -> list:
+    """Each question's Answer (sqlrl.answer) from its N sampled texts, every candidate run
+    read-only on its database; `fix(question index, sql)` rewrites each candidate before it
+    runs (schema repair)."""
+    from sqlrl.answer import finish_answer
+    from sqlrl.eval.score import EVAL_TIMEOUT_S
+    from sqlrl.sql.executor import ExecLimits, SQLExecutor
+
+    # a candidate runs under the limit its score will, so a vote never counts a query that
+    # scoring then times out (or drops one that scoring would have judged)
+    executor = executor or SQLExecutor(ExecLimits(timeout_s=EVAL_TIMEOUT_S))
+    answers = []
+    for q, (candidates, db_path) in enumerate(zip(samples, db_paths, strict=True)):
+        answers.append(
+            finish_answer(
+                candidates,
+                repair=(lambda sql, q=q: fix(q, sql)) if fix is not None else None,
+                execute=lambda sqls, path=db_path: [executor.execute(path, sql) for sql in sqls],
+                rules=rules,
+            )
+        )
+    return answers
+
+
+def votes_of(answer) -> int:
+    """The winning group's size; a lone candidate is a group of one when it ran, else 0."""
+    if answer.votes is not None:
+        return answer.votes
+    return int(answer.verdict is not None and answer.verdict.status == "ok")
+
+
 def self_consistency(
     samples: list[list[str]],
     db_paths: list[str],
@@ -44,23 +81,7 @@ def self_consistency(
     fix: Callable[[int, str], str] | None = None,
     rules: str = "spider",
 ) -> tuple[list[str], list[int], list[str]]:
-    """(chosen SQL, votes, chosen raw text) per question from N sampled texts each.
-    `fix(question index, sql)` rewrites each candidate before it runs (schema repair)."""
-    from sqlrl.eval.score import EVAL_TIMEOUT_S
-    from sqlrl.sql.executor import ExecLimits, SQLExecutor
-    from sqlrl.sql.extract import extract_sql
-
-    # a candidate runs under the limit its score will, so a vote never counts a query that
-    # scoring then times out (or drops one that scoring would have judged)
-    executor = executor or SQLExecutor(ExecLimits(timeout_s=EVAL_TIMEOUT_S))
-    chosen, votes, texts = [], [], []
-    for q, (candidates, db_path) in enumerate(zip(samples, db_paths, strict=True)):
-        sqls = [extract_sql(text) for text in candidates]
-        if fix is not None:
-            sqls = [fix(q, sql) for sql in sqls]
-        verdicts = [executor.execute(db_path, sql) for sql in sqls]
-        index, count = vote(verdicts, rules)
-        chosen.append(sqls[index])
-        votes.append(count)
-        texts.append(candidates[index])
-    return chosen, votes, texts
+    """(chosen SQL, votes, chosen raw text) per question from N sampled texts each (see
+    vote_answers)."""
+    answers = vote_answers(samples, db_paths, executor, fix, rules)
+    return [a.sql for a in answers], [votes_of(a) for a in answers], [a.completion for a in answers]

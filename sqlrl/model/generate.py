@@ -34,6 +34,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from sqlrl.params import check_sampling
+
 log = logging.getLogger(__name__)
 
 IM_END = "<|im_end|>"
@@ -132,12 +134,11 @@ def hf_decoding_settings(temperature: float, n: int = 1) -> dict:
     Greedy leaves top_k out: transformers applies top-k only when sampling, and warns about
     any greedy top_k other than its default. min_p and top_h have no neutral value ("off" is
     unset); `HFGenerator` keeps them unset by hiding the model's generation_config."""
+    check_sampling(n, temperature)
     if temperature > 0.0:
         return dict(
             _HF_NEUTRAL, do_sample=True, temperature=temperature, top_k=0, num_return_sequences=n
         )
-    if n != 1:
-        raise ValueError("n > 1 needs a temperature > 0 (greedy gives one answer)")
     return dict(_HF_NEUTRAL, do_sample=False, temperature=1.0, num_return_sequences=1)
 
 
@@ -268,9 +269,8 @@ class HFGenerator:
 
         if n < 1:
             raise ValueError("n must be >= 1")
+        check_sampling(n, temperature)
         sampling = temperature > 0.0
-        if n > 1 and not sampling:
-            raise ValueError("n > 1 needs a temperature > 0 (greedy gives one answer)")
         encoded = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
         order = length_order([len(e) for e in encoded])
         config = self._generation_config(n, temperature)
@@ -348,8 +348,7 @@ def vllm_sampling_settings(
     caller's: LLM.generate forces FINAL_ONLY outputs itself."""
     if n < 1 or max_tokens < 1:
         raise ValueError("n and max_tokens must be >= 1")
-    if n > 1 and temperature <= 0.0:
-        raise ValueError("n > 1 needs a temperature > 0 (greedy gives one answer)")
+    check_sampling(n, temperature)
     sampling = temperature > 0.0
     return dict(
         n=n,

@@ -35,7 +35,9 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from sqlrl.answer import Answer, answer_from, candidate_sqls, schema_repair
 from sqlrl.data.prompt_settings import PromptSettings, PromptSettingsError
+from sqlrl.params import ParamsError, check_sampling
 from sqlrl.prompt_builder import InputError, PromptBuilder
 from sqlrl.serve.backends import BackendOptions, Busy, NotReady, make_backend
 from sqlrl.serve.http_errors import (
@@ -46,7 +48,6 @@ from sqlrl.serve.http_errors import (
     validation_message,
     validation_param,
 )
-from sqlrl.text_to_sql import Answer, answer_from, extract_sqls
 
 log = logging.getLogger("sqlrl.serve")
 
@@ -369,12 +370,10 @@ class Service:
                 f"and {self.config.max_temperature:g}, got {asked}",
                 param="temperature",
             )
-        if n > 1 and temperature == 0.0:
-            raise HTTPError(
-                422,
-                "num_samples > 1 needs a temperature > 0 (greedy decoding gives one answer)",
-                param="temperature",
-            )
+        try:
+            check_sampling(n, temperature, "num_samples", "temperature")
+        except ParamsError as exc:
+            raise HTTPError(422, str(exc), param="temperature") from None
         return temperature
 
     def check_request_text(self, req: GenerateRequest) -> str:
@@ -444,12 +443,13 @@ class Service:
     def count_tokens(self, text: str) -> int:
         return len(self.backend.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def sqls_for(self, req: GenerateRequest, texts: list[str]) -> list[str]:
-        """The SQL of each completion through evaluation's extraction and, where the request's
-        schema is known (db_id, ddl), its schema repair (eval.schema_repair)."""
+    def sqls_for(self, req: GenerateRequest, texts: list[str]) -> tuple[list[str], list[str]]:
+        """(the SQL of each completion, the same before repair) through the answer path's
+        first step (sqlrl.answer.candidate_sqls): extraction and, where the request's schema
+        is known (db_id, ddl), its schema repair (eval.schema_repair)."""
         repair = self.settings.schema_repair
         schema = self.prompts.schema(db_id=req.db_id, ddl=req.ddl) if repair else None
-        return extract_sqls(texts, schema=schema, question=req.question, repair=repair)
+        return candidate_sqls(texts, schema_repair(schema, req.question))
 
     async def complete(self, prompt: str, opts: dict) -> list[str]:
         """The backend's completions within --request-timeout-s; its failures become the HTTP
@@ -480,16 +480,18 @@ class Service:
 
     async def answer(self, req: GenerateRequest) -> Served:
         """One request through the answer path every front end shares (/generate, the OpenAI
-        API, the playground): prompt, completions, SQL, execution when asked, vote."""
+        API, the playground): prompt, completions, then sqlrl.answer's steps, evaluation's
+        and TextToSQL's too (SQL, execution when asked, vote), each off the event loop."""
         opts, prompt, db_path, n_tokens = await self.off_loop(self.prepare, req)
         t0 = time.perf_counter()
         texts = await self.complete(prompt, opts)
         gen_s = time.perf_counter() - t0
-        sqls = await self.off_loop(self.sqls_for, req, texts)
+        sqls, extracted = await self.off_loop(self.sqls_for, req, texts)
         verdicts = None
         if db_path is not None:
             verdicts = await asyncio.to_thread(self._execute_all, db_path, sqls, opts["max_rows"])
-        return Served(answer_from(texts, sqls, verdicts), texts, n_tokens, gen_s, opts)
+        answer = answer_from(texts, sqls, verdicts, extracted=extracted)
+        return Served(answer, texts, n_tokens, gen_s, opts)
 
     async def generate(self, req: GenerateRequest) -> dict:
         """The /generate response for a request."""

@@ -41,6 +41,7 @@ class Judgement:
     error: str = ""  # why not, in a few words
     gold_trivial: bool = False  # the gold result is empty or only 0/NULL: any query that
     # returns nothing (or zero) "matches" it (see trivial_result)
+    soft_f1: float | None = None  # BIRD semantics, both queries ran: bird_soft_f1 of the rows
 
     @property
     def status(self) -> str:
@@ -60,6 +61,34 @@ def bird_results_match(gold_rows, pred_rows) -> bool:
     """BIRD's official EX (its evaluation_ex.py): the two results as sets of rows, so row
     order and duplicate rows do not count, column order does."""
     return set(gold_rows) == set(pred_rows)
+
+
+def bird_soft_f1(gold_rows, pred_rows) -> float:
+    """BIRD mini_dev's Soft-F1 (its evaluation_f1.py), partial credit where EX gives none.
+
+    Duplicate rows are dropped (first occurrence kept) and the i-th predicted row is paired
+    with the i-th gold row, so unlike BIRD's EX, row order counts. In a pair, each predicted
+    value found in the gold row is matched, each one not found is predicted-only, and each
+    gold value not in the predicted row is gold-only, all divided by the gold row's width; a
+    gold row without a partner is 1 gold-only, a predicted row without one 1 predicted-only.
+    F1 of precision matched / (matched + predicted-only) and recall matched / (matched +
+    gold-only); two empty results score 1.
+    """
+    gold = list(dict.fromkeys(gold_rows))
+    pred = list(dict.fromkeys(pred_rows))
+    if not gold and not pred:
+        return 1.0
+    matched = pred_only = gold_only = 0.0
+    for gold_row, pred_row in zip(gold, pred, strict=False):
+        width = len(gold_row)
+        matched += sum(value in gold_row for value in pred_row) / width
+        pred_only += sum(value not in gold_row for value in pred_row) / width
+        gold_only += sum(value not in pred_row for value in gold_row) / width
+    gold_only += max(0, len(gold) - len(pred))
+    pred_only += max(0, len(pred) - len(gold))
+    precision = matched / (matched + pred_only) if matched + pred_only else 0.0
+    recall = matched / (matched + gold_only) if matched + gold_only else 0.0
+    return 2 * precision * recall / (precision + recall) if precision + recall else 0.0
 
 
 class Judge:
@@ -114,9 +143,11 @@ class Judge:
                 return Judgement("ok", "ok", False, "more rows than the gold result", trivial)
             if self.semantics == "bird":
                 match = bird_results_match(gold.rows, pred.rows)
+                f1 = bird_soft_f1(gold.rows, pred.rows)
             else:
-                match = results_match(gold.rows, pred.rows, order_matters(gold_sql))
-            return Judgement("ok", "ok", match, "" if match else "result differs", trivial)
+                match, f1 = results_match(gold.rows, pred.rows, order_matters(gold_sql)), None
+            why = "" if match else "result differs"
+            return Judgement("ok", "ok", match, why, trivial, soft_f1=f1)
         except Exception as exc:
             return Judgement("error", "error", False, f"internal: {type(exc).__name__}: {exc}")
 

@@ -1,0 +1,104 @@
+"""The one answer path: a model's completions -> the SQL it answers with.
+
+    extract the SQL (sqlrl.sql.extract) -> schema repair (names the database lacks mapped
+    onto its own, when on and the schema is known) -> with several samples, a vote
+
+The vote is by execution result when the candidates were run (candidates whose results are
+equal as the benchmark's EX compares them form a group; the first of the largest group wins,
+sqlrl.eval.voting), else by SQL text. Evaluation (sqlrl.eval.evaluate, greedy and maj@k),
+`TextToSQL.answer` and the HTTP server all answer through here, so a served answer is the one
+evaluation scored: evaluation and TextToSQL call `finish_answer`; the server calls its two
+steps, `candidate_sqls` and `answer_from`, because it runs them on different threads (repair
+in its CPU pool, execution off the event loop). Nothing here imports FastAPI or torch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sqlrl.sql.executor import Verdict
+
+Repair = Callable[[str], str]  # one candidate's SQL -> its repaired SQL
+
+
+@dataclass
+class Answer:
+    """The chosen SQL with how it was chosen; `verdict` when it was executed."""
+
+    sql: str
+    completion: str  # the model's text the SQL was taken from
+    candidates: list[str] = field(default_factory=list)  # every sample's SQL, in order
+    votes: int | None = None  # with several samples: the size of the winning group
+    vote: str | None = None  # "execution" (by result) or "sql_text"
+    verdict: Verdict | None = None
+    chosen: int = 0  # the index of the chosen sample in `candidates`
+    extracted: str = ""  # the chosen SQL as extracted, before schema repair
+
+
+def schema_repair(schema, question: str) -> Repair | None:
+    """The repair of one question's candidates against its database's `schema` (None when
+    the schema is unknown: free-text schemas have no names to check against)."""
+    if schema is None:
+        return None
+    from sqlrl.sql.schema_repair import repair_sql
+
+    return lambda sql: repair_sql(sql, schema, question)
+
+
+def candidate_sqls(texts: list[str], repair: Repair | None = None) -> tuple[list[str], list[str]]:
+    """(the SQL of each completion as it is answered and scored, the same before repair)."""
+    from sqlrl.sql.extract import extract_sql
+
+    extracted = [extract_sql(text) for text in texts]
+    return ([repair(sql) for sql in extracted] if repair else list(extracted)), extracted
+
+
+def choose(
+    sqls: list[str], verdicts: list[Verdict] | None = None, rules: str = "spider"
+) -> tuple[int, int | None, str | None]:
+    """(chosen index, votes, how) over the samples: by execution result (grouped by the
+    benchmark's `rules`) when they were run, else the most frequent SQL text (the first of a
+    tie); one sample is chosen unvoted."""
+    from sqlrl.eval.voting import vote
+
+    if len(sqls) <= 1:
+        return 0, None, None
+    if verdicts is not None:
+        chosen, votes = vote(verdicts, rules)
+        return chosen, votes, "execution"
+    counts = Counter(sqls)
+    votes = max(counts.values())
+    return next(i for i, sql in enumerate(sqls) if counts[sql] == votes), votes, "sql_text"
+
+
+def answer_from(
+    texts: list[str],
+    sqls: list[str],
+    verdicts: list[Verdict] | None,
+    rules: str = "spider",
+    extracted: list[str] | None = None,
+) -> Answer:
+    """The Answer for completions whose SQL is taken (candidate_sqls), and run when
+    `verdicts` are given."""
+    if not texts:
+        raise ValueError("no completion to answer from")
+    chosen, votes, how = choose(sqls, verdicts, rules)
+    verdict = verdicts[chosen] if verdicts is not None else None
+    before = (extracted or sqls)[chosen]
+    return Answer(sqls[chosen], texts[chosen], sqls, votes, how, verdict, chosen, before)
+
+
+def finish_answer(
+    texts: list[str],
+    *,
+    repair: Repair | None = None,
+    execute: Callable[[list[str]], list[Verdict]] | None = None,
+    rules: str = "spider",
+) -> Answer:
+    """Model completions -> the answer: the SQL extracted, `repair`ed, and with several
+    samples a vote, by execution result when `execute` runs them, else by SQL text."""
+    sqls, extracted = candidate_sqls(texts, repair)
+    verdicts = execute(sqls) if execute is not None else None
+    return answer_from(texts, sqls, verdicts, rules, extracted)
