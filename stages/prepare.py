@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from sqlrl.data.prepare import prepare
+from sqlrl.data.trajectories import SftFormatter
 from sqlrl.jsonio import write_json
 from sqlrl.params import load_params
 from stages import stage_main
@@ -19,7 +20,10 @@ def arguments(parser) -> None:  # paths as strings, exactly as dvc.yaml writes t
 
 def main(args) -> int:
     params = load_params(args.params)
-    metrics = prepare(params.prepare, params.seed, args.spider, args.out, args.extra_train)
+    sft_format = SftFormatter(params.grpo)  # grpo.rollout's format
+    metrics = prepare(
+        params.prepare, params.seed, args.spider, args.out, args.extra_train, sft_format
+    )
     write_json(args.metrics, metrics)
     train, dev = metrics["train"], metrics["dev"]
     print(

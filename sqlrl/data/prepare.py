@@ -106,7 +106,10 @@ def _token_stats(sft_rows: list[dict]) -> dict:
     lengths = sorted(
         len(
             tokenizer.apply_chat_template(
-                r["prompt"] + r["completion"], tokenize=True, return_dict=True
+                r["prompt"] + r["completion"],
+                tools=r.get("tools"),
+                tokenize=True,
+                return_dict=True,
             )["input_ids"]
         )
         for r in sft_rows
@@ -151,9 +154,13 @@ def prepare(
     spider_dir: str | Path,
     out_dir: str | Path,
     extra_dir: str | Path | None = None,
+    sft_format=None,
 ) -> dict:
     """Read the Spider release in `spider_dir` (and prepare.extra_train's files in
-    `extra_dir`), write the four JSONL files into `out_dir`, return metrics/prepare.json."""
+    `extra_dir`), write the four JSONL files into `out_dir`, return metrics/prepare.json.
+    `sft_format` (sqlrl/data/trajectories.py's SftFormatter): sft.jsonl in grpo.rollout's
+    format; None: the query alone. Passed in by the stage, so that what imports this module
+    (the evaluation sets' preparation) does not import the GRPO environment."""
     spider_dir, out_dir = Path(spider_dir), Path(out_dir)
     if not spider_dir.is_dir():
         raise SpiderDataError(
@@ -195,6 +202,7 @@ def prepare(
             }
         )
     augment_stats = augment_rows(sft_rows, train, prompts, params, seed)
+    format_stats = sft_format.format_rows(sft_rows, grpo_rows) if sft_format else {}
     dev_rows = [_eval_row(ex, prompts) for ex in dev]
     heldout_rows = [_eval_row(ex, prompts) for ex in heldout]
 
@@ -229,6 +237,7 @@ def prepare(
         **({"sft_tokens": _token_stats(sft_rows)} if params.max_prompt_tokens else {}),
         "augment": augment_stats,
         **({"extra_train": extra_stats} if params.extra_train else {}),
+        **({"sft_format": format_stats} if format_stats else {}),
     }
 
 
