@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 from sqlrl.data.prepare import prepare
+from sqlrl.data.trajectories import SftFormatter
 from sqlrl.jsonio import write_json
 from sqlrl.params import load_params
 from stages import stage_main
@@ -21,8 +22,15 @@ def arguments(parser) -> None:  # paths as strings, exactly as dvc.yaml writes t
 
 def main(args) -> int:
     params = load_params(args.params)
+    sft_format = SftFormatter(params.grpo)  # grpo.rollout's format
     metrics = prepare(
-        params.prepare, params.seed, args.spider, args.out, args.extra_train, args.raw
+        params.prepare,
+        params.seed,
+        args.spider,
+        args.out,
+        args.extra_train,
+        args.raw,
+        sft_format=sft_format,
     )
     write_json(args.metrics, metrics)
     train, dev = metrics["train"], metrics["dev"]

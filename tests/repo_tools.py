@@ -109,3 +109,26 @@ def grpo_rows(spider_dir: Path, examples) -> list[dict]:
         }
         for e in examples
     ]
+
+
+def save_tiny_qwen(path: Path) -> Path:
+    """A tiny random Qwen2 on Qwen2.5's real tokenizer and chat template (the one with tool
+    calls) saved in `path`: for tests of the agent format, where the template and the tokens
+    must be real and the weights need not be."""
+    from sqlrl.model.modeling import build_scratch_model
+    from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer
+    from sqlrl.params import ArchitectureParams
+
+    architecture = ArchitectureParams(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        vocab_size=1,  # unused: the vocabulary is the tokenizer's (qwen2_config)
+    )
+    tokenizer = build_qwen25_tokenizer()
+    build_scratch_model(architecture, tokenizer, seed=0).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path

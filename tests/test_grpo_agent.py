@@ -20,20 +20,10 @@ import pytest
 import torch
 
 from sqlrl.data.spider import load_examples, load_schemas
-from sqlrl.params import ArchitectureParams
 from sqlrl.train.grpo import train_grpo
 from sqlrl.train.rewards import reward_functions
-from tests.repo_tools import fixed_params, grpo_rows
+from tests.repo_tools import fixed_params, grpo_rows, save_tiny_qwen
 
-ARCH = ArchitectureParams(
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=1,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=4096,
-    vocab_size=1,  # unused: the vocabulary is the tokenizer's (qwen2_config)
-)
 PROBE = "SELECT count(*) FROM head"
 
 
@@ -47,14 +37,7 @@ def rows(spider_dir):
 
 @pytest.fixture(scope="module")
 def tiny_qwen(tmp_path_factory):
-    from sqlrl.model.modeling import build_scratch_model
-    from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer
-
-    tokenizer = build_qwen25_tokenizer()
-    path = tmp_path_factory.mktemp("sft_qwen")
-    build_scratch_model(ARCH, tokenizer, seed=0).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return save_tiny_qwen(tmp_path_factory.mktemp("sft_qwen"))
 
 
 def scripted_generate(tokenizer, rows, transcripts):

@@ -118,7 +118,10 @@ def _token_stats(sft_rows: list[dict]) -> dict:
     lengths = sorted(
         len(
             tokenizer.apply_chat_template(
-                r["prompt"] + r["completion"], tokenize=True, return_dict=True
+                r["prompt"] + r["completion"],
+                tools=r.get("tools"),
+                tokenize=True,
+                return_dict=True,
             )["input_ids"]
         )
         for r in sft_rows
@@ -175,10 +178,14 @@ def prepare(
     out_dir: str | Path,
     extra_dir: str | Path | None = None,
     raw_dir: str | Path | None = None,
+    sft_format=None,
 ) -> dict:
     """Read the Spider release in `spider_dir` (and prepare.extra_train's files in
     `extra_dir`, prepare.extra_train_sets' in `raw_dir`), write the four JSONL files into
-    `out_dir`, return metrics/prepare.json."""
+    `out_dir`, return metrics/prepare.json.
+    `sft_format` (sqlrl/data/trajectories.py's SftFormatter): sft.jsonl in grpo.rollout's
+    format; None: the query alone. Passed in by the stage, so that what imports this module
+    (the evaluation sets' preparation) does not import the GRPO environment."""
     spider_dir, out_dir = Path(spider_dir), Path(out_dir)
     if not spider_dir.is_dir():
         raise SpiderDataError(
@@ -206,16 +213,23 @@ def prepare(
 
     prompts = PromptFactory(PromptSettings.from_prepare(params), schemas, spider_dir)
     sft_rows, grpo_rows = [], []
+    sources = []  # per SFT row: its gold and database (what an agent trajectory probes)
     for ex in sft_train:
         messages = prompts.messages(ex.db_id, ex.question)
+        db_path = database_path(spider_dir, ex.db_id)
         sft_rows.append(_sft_row(ex, messages))
+        sources.append(_grpo_row(ex, messages, db_path))
         if not rl_only:
-            grpo_rows.append(_grpo_row(ex, messages, database_path(spider_dir, ex.db_id)))
+            grpo_rows.append(sources[-1])
     for ex in rl_only:
         messages = prompts.messages(ex.db_id, ex.question)
         grpo_rows.append(_grpo_row(ex, messages, database_path(spider_dir, ex.db_id)))
     augment_stats = augment_rows(sft_rows, sft_train, prompts, params, seed)
+    sources += [None] * (len(sft_rows) - len(sources))  # the copies: no database to look at
+    n_grpo = len(grpo_rows)
     sets_stats = add_training_sets(sft_rows, grpo_rows, params, raw_dir)
+    sources += grpo_rows[n_grpo:]
+    format_stats = sft_format.format_rows(sft_rows, sources) if sft_format else {}
     dev_rows = [_eval_row(ex, prompts) for ex in dev]
     heldout_rows = [_eval_row(ex, prompts) for ex in heldout]
 
@@ -252,6 +266,7 @@ def prepare(
         "augment": augment_stats,
         **({"extra_train": extra_stats} if params.extra_train else {}),
         **({"extra_train_sets": sets_stats} if params.extra_train_sets else {}),
+        **({"sft_format": format_stats} if format_stats else {}),
     }
 
 

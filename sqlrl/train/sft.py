@@ -6,6 +6,12 @@
   in-domain EX); `sft.prompt_loss_weight` < 1 weighs each prompt token below a completion
   token (its own loss, DDP-safe; the output layer runs only where there is a loss). Otherwise
   TRL's own loss.
+- Rows in the agent format (sqlrl/data/trajectories.py: a tool call, the tool's answer, the
+  final query) carry the tool's schema (`tools`, rendered by the chat template as GRPO renders
+  it) and are trained with TRL's assistant_only_loss: its training variant of Qwen2.5's
+  template marks the assistant's turns, so the tool's answer (and the turn markers around it)
+  is never a target, as GRPO's tool_mask keeps it out of the RL loss. With the prompt trained
+  on, the prompt keeps prompt_loss_weight and the tool's answer weighs 0 (tests/test_sft.py).
 - LoRA through PEFT (`sft.use_lora`; rank, alpha, dropout, target modules from params), merged
   into the weights with `merge_and_unload`, or full fine-tuning (the CPU profile: LoRA on random
   weights does not learn). Either way the output is a plain model folder.
@@ -24,6 +30,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -67,7 +74,20 @@ def load_sft_dataset(path: str | Path):
     from sqlrl.jsonio import read_jsonl
 
     rows = read_jsonl(path, ("prompt", "completion"))
-    return Dataset.from_list([{"prompt": r["prompt"], "completion": r["completion"]} for r in rows])
+
+    def row(r: dict) -> dict:
+        out = {"prompt": r["prompt"], "completion": r["completion"]}
+        if "tools" in r:  # a JSON string, as TRL reads it: Arrow cannot hold free-form schemas
+            out["tools"] = json.dumps(r["tools"])
+        return out
+
+    return Dataset.from_list([row(r) for r in rows])
+
+
+def has_tool_turns(dataset) -> bool:
+    """Whether any row's completion holds a tool's answer (the agent format)."""
+    completions = dataset["completion"]
+    return any(message.get("role") == "tool" for turns in completions for message in turns)
 
 
 def _throughput_callback():
@@ -126,7 +146,10 @@ def _weighted_loss_trainer_class():
 
         def _weights(self, inputs):
             """(positions that carry a loss, next-token targets there, their weights, which
-            of them are completion tokens)."""
+            of them are completion tokens). A token the labels leave out once the completion
+            has begun is the environment's (a tool's answer in the agent format, and the turn
+            markers around it): no loss at all, neither prompt nor completion. In the query-
+            only format there is none (the completion runs to the end of the row)."""
             labels = inputs["labels"][:, 1:]
             completion = labels != -100
             real = (
@@ -134,7 +157,8 @@ def _weighted_loss_trainer_class():
                 if "attention_mask" in inputs
                 else torch.ones_like(completion)
             )
-            mask = real | completion
+            begun = completion.cumsum(dim=1) > 0
+            mask = (real & ~begun) | completion
             is_completion = completion[mask]
             weights = torch.where(is_completion, 1.0, self.prompt_loss_weight)
             return mask, inputs["input_ids"][:, 1:][mask], weights, is_completion
@@ -226,9 +250,10 @@ def check_rows_fit(rows_in: int, prepared_lengths: list[int], max_length: int) -
     }
 
 
-def _weighted_prompt_loss(params: SftParams) -> bool:
-    """The prompt is trained on with a weight below a completion token's."""
-    return not params.completion_only_loss and params.prompt_loss_weight < 1.0
+def _weighted_prompt_loss(params: SftParams, tool_turns: bool = False) -> bool:
+    """The prompt is trained on with a weight below a completion token's; or, with tool turns,
+    at any weight: TRL's assistant_only_loss would leave the prompt out of the loss."""
+    return not params.completion_only_loss and (params.prompt_loss_weight < 1.0 or tool_turns)
 
 
 class PaddingCounter:
@@ -264,9 +289,17 @@ class PaddingCounter:
         }
 
 
-def sft_config(params: SftParams, seed: int, output_dir: str, world_size: int = 1, **overrides):
+def sft_config(
+    params: SftParams,
+    seed: int,
+    output_dir: str,
+    world_size: int = 1,
+    tool_turns: bool = False,
+    **overrides,
+):
     """TRL's SFTConfig from params: a step of sft.rows_per_step rows split over world_size
-    processes; checkpoints every sft.save_steps steps (0: none)."""
+    processes; checkpoints every sft.save_steps steps (0: none). tool_turns (the agent
+    format): only the assistant's turns are targets (assistant_only_loss)."""
     import torch
     from trl import SFTConfig
 
@@ -285,7 +318,10 @@ def sft_config(params: SftParams, seed: int, output_dir: str, world_size: int = 
         warmup_steps=params.warmup_ratio,
         weight_decay=params.weight_decay,
         # a weighted prompt loss needs labels that mark the completion (the trainer adds the prompt)
-        completion_only_loss=params.completion_only_loss or _weighted_prompt_loss(params),
+        completion_only_loss=(
+            params.completion_only_loss or _weighted_prompt_loss(params, tool_turns)
+        ),
+        assistant_only_loss=tool_turns,
         packing=False,
         train_sampling_strategy="group_by_length" if params.group_by_length else "random",
         logging_steps=params.logging_steps,
@@ -344,14 +380,17 @@ def train_sft(
     callbacks = [_throughput_callback(), trainer_progress("sft")]
     if dvclive_dir and writer:  # one writer of the curves
         callbacks.append(dvclive_callback(dvclive_dir, resume_from)[1])
-    trainer_class, extra = _trainer_class(params)
+    tool_turns = has_tool_turns(dataset)
+    trainer_class, extra = _trainer_class(params, tool_turns)
     with contextlib.ExitStack() as stack:
         output_dir = checkpoint_dir or stack.enter_context(
             tempfile.TemporaryDirectory(prefix="sft-")
         )
         if checkpoint_dir is None:
             config_overrides = {"save_strategy": "no", **config_overrides}
-        args = sft_config(params, seed, str(output_dir), world_size(), **config_overrides)
+        args = sft_config(
+            params, seed, str(output_dir), world_size(), tool_turns, **config_overrides
+        )
         trainer = trainer_class(
             model=model,
             args=args,
@@ -384,6 +423,7 @@ def train_sft(
         "dtype": str(save_dtype).removeprefix("torch."),
         **padding.as_metrics(trainer.accelerator),
         "resumed_from": Path(resume_from).name if resume_from else None,
+        **({"tool_turns_masked": True} if tool_turns else {}),  # the agent format
         "n_params": n_parameters(trained),
         "use_lora": params.use_lora,
         "torch_threads": threads,
@@ -391,10 +431,10 @@ def train_sft(
     }
 
 
-def _trainer_class(params: SftParams) -> tuple[type, dict]:
-    """TRL's SFTTrainer, or ours where the prompt is trained on with a smaller weight; with
+def _trainer_class(params: SftParams, tool_turns: bool = False) -> tuple[type, dict]:
+    """TRL's SFTTrainer, or ours where the prompt is trained on with its own weight; with
     the keyword arguments it takes beyond SFTTrainer's."""
-    if _weighted_prompt_loss(params):
+    if _weighted_prompt_loss(params, tool_turns):
         return _weighted_loss_trainer_class(), {"prompt_loss_weight": params.prompt_loss_weight}
     from trl import SFTTrainer
 

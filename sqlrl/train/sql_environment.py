@@ -128,3 +128,21 @@ def environment_factory(
         stats=stats,
     )
     return factory, stats
+
+
+def tool_schemas() -> list[dict]:
+    """The JSON schemas of SQLEnvironment's tools, as TRL 1.16 finds and renders them for the
+    agent rollout (every public function of the class but `reset` and `get_reward`, in name
+    order, through transformers' get_json_schema): SFT rows in the agent format carry them, so
+    SFT shows the model the tool list GRPO prompts with, byte for byte
+    (tests/test_trajectories.py renders both)."""
+    import inspect
+
+    from transformers.utils import get_json_schema
+
+    env = SQLEnvironment()
+    return [
+        get_json_schema(getattr(env, name))
+        for name, _ in inspect.getmembers(SQLEnvironment, predicate=inspect.isfunction)
+        if name not in ("reset", "get_reward") and not name.startswith("_")
+    ]

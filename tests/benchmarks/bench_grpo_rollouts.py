@@ -1,0 +1,127 @@
+"""Seconds per GRPO step in each rollout format (grpo.rollout: sql, reasoning, agent), on the
+same model, prompts and settings, through the stage's own train_grpo.
+
+    python tests/benchmarks/bench_grpo_rollouts.py [--model models/sft] [--profile smoke]
+        [--steps 2] [--max-completion-length 128] [--rollouts sql reasoning agent]
+        [-S grpo.num_generations=4 ...]
+
+The prompts are the profile's: Spider prepared as the prepare stage does (into a scratch
+folder; data/prepared is left alone), its first grpo.prompts_per_step x steps GRPO rows. The
+model is --model (an SFT model folder with a chat template that can call tools: Qwen2.5's, e.g.
+models/sft of a `base.tokenizer=qwen2.5` run), or, without it, a random Qwen2 of the profile's
+architecture on Qwen2.5's real tokenizer. Each format runs with its own prompt (the agent's
+carries the tool's schema), the `format` reward weighted in for reasoning (0.1), the same
+max_completion_length for all; the table shows metrics/grpo.json's seconds_per_step split
+(generation, reward, update), the mean completion length and the agent's tool calls.
+
+What it measures depends on the model: a random model writes neither tags nor tool calls, so
+it only shows the formats' fixed costs (the longer agent prompt, the same token budget); a
+model SFT-trained in a format (grpo.rollout at prepare) shows the cost of its tool turns.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import tempfile
+from contextlib import chdir
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from sqlrl.jsonio import read_jsonl  # noqa: E402
+from sqlrl.params import compose_params, params_from_dict  # noqa: E402
+
+
+def grpo_rows(params, n: int) -> tuple[list[dict], Path]:
+    """The profile's first n GRPO rows, prepared in a scratch root that links the pulled Spider
+    (so db_path is data/raw/spider/..., as under DVC); returns them with that root."""
+    from sqlrl.data.prepare import prepare
+
+    root = Path(tempfile.mkdtemp(prefix="rollout-bench-"))
+    (root / "data/raw").mkdir(parents=True)
+    (root / "data/raw/spider").symlink_to(REPO / "data/raw/spider", target_is_directory=True)
+    with chdir(root):
+        prepare(params.prepare, params.seed, "data/raw/spider", "data/prepared")
+    rows = read_jsonl(root / "data/prepared/grpo.jsonl", ("prompt", "gold_sql", "db_path"))
+    return rows[:n], root
+
+
+def random_model(params, folder: Path) -> Path:
+    """A random Qwen2 of the profile's architecture on Qwen2.5's tokenizer (tool template)."""
+    from sqlrl.model.modeling import build_scratch_model
+    from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer
+
+    tokenizer = build_qwen25_tokenizer()
+    build_scratch_model(params.base.architecture, tokenizer, seed=params.seed).save_pretrained(
+        folder
+    )
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def run(params, model: Path, rows: list[dict], root: Path, rollout: str) -> dict:
+    from sqlrl.train.grpo import train_grpo
+    from sqlrl.train.rewards import reward_functions
+
+    grpo = dataclasses.replace(params.grpo, rollout=rollout, save_steps=10**6)
+    if rollout == "reasoning":
+        grpo = dataclasses.replace(grpo, reward_weights={**grpo.reward_weights, "format": 0.1})
+    with chdir(root):
+        return train_grpo(
+            grpo,
+            params.seed,
+            model,
+            rows,
+            root / f"adapter-{rollout}",
+            reward_functions(grpo, "data/raw/spider"),
+            checkpoint_dir=root / f"checkpoints-{rollout}",
+            dvclive_dir=None,
+            torch_threads=params.torch_threads,
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", default="smoke")
+    parser.add_argument("--model", help="an SFT model folder (default: a random Qwen2)")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--max-completion-length", type=int, default=128)
+    parser.add_argument("--rollouts", nargs="+", default=["sql", "reasoning", "agent"])
+    parser.add_argument("-S", dest="overrides", action="append", default=[], help="KEY=VALUE")
+    args = parser.parse_args()
+    overrides = [
+        "base.tokenizer=qwen2.5",
+        f"grpo.steps={args.steps}",
+        f"grpo.max_completion_length={args.max_completion_length}",
+        *args.overrides,
+    ]
+    params = params_from_dict(compose_params(args.profile, overrides, conf_dir=REPO / "conf"))
+    rows, root = grpo_rows(params, params.grpo.prompts_per_step * args.steps)
+    model = Path(args.model).resolve() if args.model else random_model(params, root / "model")
+    print(
+        f"profile {args.profile}, model {args.model or 'random Qwen2 (Qwen2.5 tokenizer)'}, "
+        f"{args.steps} steps of {params.grpo.prompts_per_step} questions x "
+        f"{params.grpo.num_generations} completions, max_completion_length "
+        f"{args.max_completion_length}"
+    )
+    results = {rollout: run(params, model, rows, root, rollout) for rollout in args.rollouts}
+    print(
+        f"{'rollout':<10} {'s/step':>8} {'generation':>11} {'reward':>8} {'update':>8} "
+        f"{'tokens':>7} {'tool calls':>11}"
+    )
+    for rollout, metrics in results.items():
+        split = metrics["seconds_per_step"]
+        calls = metrics.get("tool_calls_per_episode")
+        print(
+            f"{rollout:<10} {split['total']:>8.2f} {split['generation']:>11.2f} "
+            f"{split['reward']:>8.2f} {split['update']:>8.2f} "
+            f"{metrics['mean_completion_length'] or 0:>7.1f} "
+            f"{'' if calls is None else calls:>11}"
+        )
+
+
+if __name__ == "__main__":
+    main()
