@@ -238,7 +238,9 @@ class HFGenerator:
     ):
         if batch_size < 1 or max_new_tokens < 1:
             raise ValueError("batch_size and max_new_tokens must be >= 1")
-        self.model = model.eval()
+        from sqlrl.model.attention import grouped_query_attention
+
+        self.model = grouped_query_attention(model.eval())  # no KV-cache copy per step on a CPU
         self.tokenizer = tokenizer
         self.batch_size = batch_size
         self.max_new_tokens = max_new_tokens

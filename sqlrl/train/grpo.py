@@ -191,9 +191,11 @@ POLICY_DTYPE = "float32"  # the trained policy's weights; bf16 is autocast (modu
 
 def load_policy(sft_dir: str | Path):
     """(model, tokenizer): the SFT model as GRPO trains it, its weights in POLICY_DTYPE."""
+    from sqlrl.model.attention import grouped_query_attention
     from sqlrl.model.modeling import load_model_and_tokenizer
 
-    return load_model_and_tokenizer(sft_dir, dtype=POLICY_DTYPE)
+    model, tokenizer = load_model_and_tokenizer(sft_dir, dtype=POLICY_DTYPE)
+    return grouped_query_attention(model), tokenizer  # rollouts without a KV-cache copy
 
 
 def grpo_fingerprint(params: GrpoParams, seed: int, sft_dir: str | Path, rows: list[dict]) -> str:
