@@ -89,7 +89,10 @@ def parse_turn(tokenizer, text: str, prompt: str, tools: list[dict]) -> dict:
 
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     prefix = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    return parse_response(tokenizer, ids, prefix=prefix, tools=tools)
+    try:
+        return parse_response(tokenizer, ids, prefix=prefix, tools=tools)
+    except Exception:  # noqa: BLE001 - TRL falls back on ValueError/TypeError; one odd turn
+        return {"role": "assistant", "content": text}  # must not stop an evaluation either
 
 
 def call_tool(environment, call) -> tuple[str, str, bool]:
@@ -142,9 +145,9 @@ class AgentLoop:
         seed: int = 0,
     ) -> list[list[Episode]]:
         """`n` episodes per prompt (chat messages in the agent's format), each on its
-        question's database: greedy for n == 1 (whatever the temperature, as evaluation and
-        the server decode one answer), else sampled at `temperature` (the first turn draws a
-        prompt's n samples together; later turns one each, at seed + turn)."""
+        question's database: greedy at temperature 0 (n must then be 1), else sampled at
+        `temperature` (the first turn draws a prompt's n samples together; later turns one
+        each, at seed + turn)."""
         from sqlrl.params import check_sampling
 
         check_sampling(n, temperature)
@@ -160,7 +163,7 @@ class AgentLoop:
             if not active:
                 break
             rendered = [render_agent_prompt(self.tokenizer, e.messages, self.tools) for e in active]
-            texts = self._generate(groups, rendered, turn, n, temperature, seed)
+            texts = self._generate(rendered, turn, n, temperature, seed)
             for episode, prompt, text in zip(active, rendered, texts, strict=True):
                 last = turn == self.format.max_turns
                 self._step(episode, environments[id(episode)], prompt, text, last)
@@ -175,10 +178,10 @@ class AgentLoop:
         environment.reset(db_path=episode.db_path)
         return environment
 
-    def _generate(self, groups, rendered, turn, n, temperature, seed) -> list[str]:
+    def _generate(self, rendered, turn, n, temperature, seed) -> list[str]:
         """One assistant turn for every active episode, in one call: greedy, or sampled (on
         the first turn a prompt's n episodes are its n samples)."""
-        if n == 1:
+        if temperature <= 0.0:
             texts = self.generator.generate(rendered)
         elif turn == 0:
             firsts = rendered[::n]  # every episode is active on the first turn

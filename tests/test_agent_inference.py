@@ -407,3 +407,26 @@ def test_an_unknown_format_in_the_model_folder_stops_evaluation_naming_it(
             generator=ScriptedGenerator(lambda p, t: ""),
             render=str,
         )
+
+
+def test_the_python_api_asks_an_agent_model_with_the_tool_and_returns_its_trace(
+    spider_dir, tmp_path
+):
+    """TextToSQL reads the agent format from the model folder, runs the loop on `db` and
+    returns the trace on the Answer; its SQL is the one executed."""
+    from sqlrl.text_to_sql import TextToSQL
+
+    model = model_folder(tmp_path / "agent_api", "agent")
+    t2s = TextToSQL(model, spider_dir=spider_dir, max_new_tokens=8)
+    assert t2s.agent is not None and t2s.settings.rollout == "agent"
+    count = "SELECT count(*) FROM singer"
+    t2s.agent.generator = ScriptedGenerator(
+        lambda prompt, turn: call(count) if turn == 0 else count
+    )
+    answer = t2s.answer(SINGERS, db="concert_singer", execute=True)
+    assert answer.sql == count and list(answer.verdict.rows) == [(6,)]
+    assert answer.trace == {
+        "probes": [{"query": count, "observation": "(1 row)\ncount(*)\n6"}],
+        "final_sql": count,
+    }
+    assert t2s(SINGERS, db="concert_singer") == count

@@ -179,7 +179,8 @@ def answer_agent(
     if not messages:
         return Answers([], [], [], None, 0.0)
     start = time.perf_counter()
-    groups = loop.run(messages, db_paths, n=num_samples, temperature=temperature, seed=seed)
+    sampled = temperature if num_samples > 1 else 0.0  # one answer: greedy, as answer_prompts
+    groups = loop.run(messages, db_paths, n=num_samples, temperature=sampled, seed=seed)
     seconds = time.perf_counter() - start
     samples = [[episode.answer or "" for episode in group] for group in groups]
     answers = _picked(samples, db_paths, num_samples, fix, rules, final_answer_sql)
