@@ -430,3 +430,40 @@ def test_the_python_api_asks_an_agent_model_with_the_tool_and_returns_its_trace(
         "final_sql": count,
     }
     assert t2s(SINGERS, db="concert_singer") == count
+
+
+def test_an_agent_models_majority_vote_runs_sampled_episodes(
+    singer_rows, spider_dir, tokenizer, tmp_path
+):
+    """maj@k for an agent model: k sampled episodes a question, their final answers voted on
+    by result; an episode out of turns has no vote. Greedy is scored next to it."""
+    path, rows = singer_rows
+    params = fixed_params("grpo.rollout=agent", "base.tokenizer=qwen2.5", "grpo.agent.max_turns=1")
+    write_prompt_settings(tmp_path, params.prepare, False, params.grpo)
+    gold = {r["question"]: r["gold"] for r in rows}
+
+    def script(prompt, turn, i=0):
+        question = next(q for q in gold if q in prompt)
+        if i == 2 or turn > 0:  # the third sample only probes: no answer, no vote
+            return call("SELECT 1")
+        return gold[question] if i == 0 else "SELECT 0"  # greedy and sample 0: right
+
+    generator = ScriptedGenerator(script)
+    metrics, predictions = evaluate_model(
+        tmp_path,
+        eval_params(num_samples=3, temperature=0.7),
+        0,
+        {"dev": Split(path, spider_dir / "tables.json", required=True)},
+        vote=True,
+        generator=generator,
+        render=str,
+        tokenizer=tokenizer,
+        workers=1,
+    )
+    dev = metrics["dev"]
+    assert dev["ex"] == 1.0 and dev["maj"]["k"] == 3 and dev["maj"]["ex"] == 1.0
+    # samples 0 and 1 disagree (one vote each: the first wins), sample 2 has no answer
+    assert [p["votes"] for p in predictions["dev"]] == [1] * 4
+    assert [p["maj_ex"] for p in predictions["dev"]] == [1] * 4
+    # greedy's one turn; the first turn's 3 samples of 4 prompts; the 4 probers' last turn
+    assert [len(batch) for batch in generator.batches] == [4, 4, 4]

@@ -99,7 +99,7 @@ async def answer_agent(service, req):
     sqls, extracted = await service.off_loop(service.sqls_for, req, texts)
     verdicts = None
     if run_path is not None:
-        verdicts = await asyncio.to_thread(service._execute_all, run_path, sqls, opts["max_rows"])
+        verdicts = await asyncio.to_thread(service.execute_all, run_path, sqls, opts["max_rows"])
     answer = answer_from(texts, sqls, verdicts, extracted=extracted)
     answer.trace = episodes[answer.chosen].trace(answer.sql)
     return Served(answer, texts, tokens, gen_s, opts)

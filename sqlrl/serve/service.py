@@ -505,7 +505,7 @@ class Service:
         sqls, extracted = await self.off_loop(self.sqls_for, req, texts)
         verdicts = None
         if db_path is not None:
-            verdicts = await asyncio.to_thread(self._execute_all, db_path, sqls, opts["max_rows"])
+            verdicts = await asyncio.to_thread(self.execute_all, db_path, sqls, opts["max_rows"])
         answer = answer_from(texts, sqls, verdicts, extracted=extracted)
         return Served(answer, texts, n_tokens, gen_s, opts)
 
@@ -538,7 +538,7 @@ class Service:
         finally:
             task.cancel()
 
-    def _execute_all(self, db_path: Path, sqls: list[str], max_rows: int):
+    def execute_all(self, db_path: Path, sqls: list[str], max_rows: int):
         """Each SQL run read-only by this thread's sandboxed executor (sqlrl.sql.executor)."""
         from sqlrl.sql.executor import ExecLimits, default_executor
 
@@ -559,7 +559,7 @@ class Service:
             db_path = self.prompts.check_db_id(db_id, need_file=True)
         except InputError as exc:
             raise HTTPError(exc.status, str(exc), param="db_id") from None
-        (verdict,) = await asyncio.to_thread(self._execute_all, db_path, [sql], rows)
+        (verdict,) = await asyncio.to_thread(self.execute_all, db_path, [sql], rows)
         return {"db_id": db_id, **verdict_body(verdict)}
 
     # ------------------------------------------------------------------ request bodies
