@@ -596,11 +596,6 @@ def test_a_model_without_prompt_settings_does_not_start(trained, tokenizer, tmp_
             "schema_repair": True,
             "max_prompt_tokens": 0,
             "column_descriptions": False,  # optional: its default
-            "rollout": "sql",  # the answer format and the agent's bounds: their defaults
-            "max_turns": 5,
-            "max_rows": 10,
-            "max_chars": 1000,
-            "tool_timeout_s": 5.0,
         }
 
 

@@ -77,6 +77,8 @@ def test_an_agent_model_answers_with_its_trace(tmp_path, tokenizer):
         chat = r.json()
         assert chat["choices"][0]["message"]["content"] == COUNT
         assert chat["sqlrl"]["trace"]["probes"][0]["observation"] == "(1 row)\ncount(*)\n6"
+        prompt = client.get("/health").json()["prompt"]
+        assert prompt["rollout"] == "agent" and prompt["max_turns"] == 2
 
 
 def test_an_agent_out_of_turns_answers_no_sql_and_ddl_requests_have_no_database(
@@ -102,6 +104,7 @@ def test_a_sql_model_has_no_trace(tmp_path, tokenizer):
         body = client.post("/generate", json={"question": SINGERS, "db_id": "concert_singer"})
         assert body.json()["sql"] == COUNT and "trace" not in body.json()
         assert "<tools>" not in generator.batches[0][0]
+        assert "rollout" not in client.get("/health").json()["prompt"]  # as before formats
 
 
 def test_the_playground_shows_an_agent_models_trace(browser, tmp_path, tokenizer):  # noqa: F811

@@ -184,6 +184,15 @@ class PromptSettings:
             )
         self.answer_format  # noqa: B018  (checks the rollout)
 
+    def record(self) -> dict:
+        """The settings as the server's /health shows them: the format fields only where
+        they mean something (none for `sql`, so a sql model's record is what it was; the
+        tool's bounds for `agent` only)."""
+        shown = {name: getattr(self, name) for name in FIELDS}
+        hidden = FORMAT_FIELDS if self.rollout == "sql" else ()
+        hidden = AGENT_FIELDS if self.rollout == "reasoning" else hidden
+        return {k: v for k, v in shown.items() if k not in hidden}
+
     @property
     def answer_format(self) -> AnswerFormat:
         """How the model answers (its format and the agent's tool bounds)."""

@@ -619,7 +619,7 @@ class Service:
             "model": Path(self.config.model).name,
             "uptime_s": round(time.time() - self.started, 1),
             "load_seconds": self.load_seconds,
-            "prompt": asdict(self.settings),
+            "prompt": self.settings.record(),
             "spider": {
                 "databases": len(self.prompts.schemas),
                 "error": self.prompts.spider_error or None,
