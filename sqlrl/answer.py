@@ -35,6 +35,7 @@ class Answer:
     verdict: Verdict | None = None
     chosen: int = 0  # the index of the chosen sample in `candidates`
     extracted: str = ""  # the chosen SQL as extracted, before schema repair
+    trace: dict | None = None  # agent format: the chosen episode's probes and final SQL
 
 
 def schema_repair(schema, question: str) -> Repair | None:
@@ -47,11 +48,15 @@ def schema_repair(schema, question: str) -> Repair | None:
     return lambda sql: repair_sql(sql, schema, question)
 
 
-def candidate_sqls(texts: list[str], repair: Repair | None = None) -> tuple[list[str], list[str]]:
-    """(the SQL of each completion as it is answered and scored, the same before repair)."""
+def candidate_sqls(
+    texts: list[str], repair: Repair | None = None, extract: Callable[[str], str] | None = None
+) -> tuple[list[str], list[str]]:
+    """(the SQL of each completion as it is answered and scored, the same before repair).
+    `extract`: the model's format's extractor (sqlrl.train.rollouts.EXTRACTORS; default the
+    `sql` format's extract_sql)."""
     from sqlrl.sql.extract import extract_sql
 
-    extracted = [extract_sql(text) for text in texts]
+    extracted = [(extract or extract_sql)(text) for text in texts]
     return ([repair(sql) for sql in extracted] if repair else list(extracted)), extracted
 
 
@@ -96,9 +101,11 @@ def finish_answer(
     repair: Repair | None = None,
     execute: Callable[[list[str]], list[Verdict]] | None = None,
     rules: str = "spider",
+    extract: Callable[[str], str] | None = None,
 ) -> Answer:
-    """Model completions -> the answer: the SQL extracted, `repair`ed, and with several
-    samples a vote, by execution result when `execute` runs them, else by SQL text."""
-    sqls, extracted = candidate_sqls(texts, repair)
+    """Model completions -> the answer: the SQL extracted (by the format's `extract`),
+    `repair`ed, and with several samples a vote, by execution result when `execute` runs
+    them, else by SQL text."""
+    sqls, extracted = candidate_sqls(texts, repair, extract)
     verdicts = execute(sqls) if execute is not None else None
     return answer_from(texts, sqls, verdicts, rules, extracted)

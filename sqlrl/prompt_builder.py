@@ -263,6 +263,21 @@ class PromptBuilder:
         db_id: str | None = None,
         ddl: str | None = None,
     ) -> list[dict]:
+        """The request's chat messages, with the system prompt of the model's answer format
+        (sqlrl.train.rollouts.rollout_prompt, as training built its prompts)."""
+        from sqlrl.train.rollouts import rollout_prompt
+
+        messages = self._messages(question, schema_str=schema_str, db_id=db_id, ddl=ddl)
+        return rollout_prompt(messages, self.settings.rollout)
+
+    def _messages(
+        self,
+        question: str,
+        *,
+        schema_str: str | None = None,
+        db_id: str | None = None,
+        ddl: str | None = None,
+    ) -> list[dict]:
         from sqlrl.data.prompts import build_messages
 
         s = self.settings

@@ -8,6 +8,11 @@ Prompts are built from the settings saved with the model (sqlrl_prompt.json, wri
 sft stage), the completions go through the answer path evaluation and the HTTP server share
 (sqlrl.answer: extraction, schema repair, vote; a test compares the three), and
 `answer(..., execute=True)` runs the SQL read-only on the Spider database.
+
+The model is asked in the answer format its folder records (docs/rollouts.md): `reasoning`
+gets its system prompt and only its final <answer> is read; `agent` runs the tool loop
+evaluation runs (sqlrl/agent.py) on the `db` (a `schema` or `ddl` question has no database
+to probe), and the Answer's `trace` holds its probes, their observations and the final SQL.
 """
 
 from __future__ import annotations
@@ -58,6 +63,11 @@ class TextToSQL:
             progress=False,
         )
         self.executor = SQLExecutor(ExecLimits(timeout_s=exec_timeout_s))
+        self.agent = None
+        if self.settings.rollout == "agent":
+            from sqlrl.agent import AgentLoop
+
+            self.agent = AgentLoop(self.generator, self.tokenizer, self.settings.answer_format)
 
     def databases(self) -> list[str]:
         """The Spider databases `db=` can name (the Spider folder's tables.json)."""
@@ -87,9 +97,10 @@ class TextToSQL:
         seed: int = 0,
     ) -> Answer:
         """The full answer; `execute` runs it on `db` (read-only); `num_samples` > 1 samples
-        at `temperature` and votes by execution result (with `execute`) or by SQL text."""
-        from sqlrl.data.prompts import render_prompt
+        at `temperature` and votes by execution result (with `execute`) or by SQL text. An
+        agent model's answer carries its `trace`."""
         from sqlrl.params import check_sampling
+        from sqlrl.train.rollouts import EXTRACTORS
 
         check_sampling(num_samples, temperature, "num_samples", "temperature")
         given = [
@@ -104,15 +115,40 @@ class TextToSQL:
         question = unicodedata.normalize("NFC", question).strip()
         db_path = self.prompts.check_db_id(db, need_file=True) if execute else None
         messages = self.prompts.messages(question, schema_str=schema, db_id=db, ddl=ddl)
-        prompt = render_prompt(self.tokenizer, messages)
-        if num_samples > 1:
-            texts = self.generator.sample([prompt], num_samples, temperature, seed)[0]
+        decode = dict(n=num_samples, temperature=temperature if num_samples > 1 else 0.0)
+        if self.agent is not None:
+            episodes = self._episodes(messages, db, seed=seed, **decode)
+            texts = [episode.answer or "" for episode in episodes]
         else:
-            texts = self.generator.generate([prompt])
+            texts = self._completions(messages, seed=seed, **decode)
         known = self.prompts.schema(db_id=db, ddl=ddl) if self.settings.schema_repair else None
         run = (
             (lambda sqls: [self.executor.execute(db_path, sql) for sql in sqls])
             if db_path is not None
             else None
         )
-        return finish_answer(texts, repair=schema_repair(known, question), execute=run)
+        rollout = self.settings.rollout
+        answer = finish_answer(
+            texts,
+            repair=schema_repair(known, question),
+            execute=run,
+            extract=EXTRACTORS[rollout] if rollout != "sql" else None,
+        )
+        if self.agent is not None:
+            answer.trace = episodes[answer.chosen].trace(answer.sql)
+        return answer
+
+    def _completions(self, messages, *, n: int, temperature: float, seed: int) -> list[str]:
+        """The model's completions of one prompt: greedy, or n samples."""
+        from sqlrl.data.prompts import render_prompt
+
+        prompt = render_prompt(self.tokenizer, messages)
+        if n > 1:
+            return self.generator.sample([prompt], n, temperature, seed)[0]
+        return self.generator.generate([prompt])
+
+    def _episodes(self, messages, db: str | None, *, n: int, temperature: float, seed: int):
+        """An agent model's episodes for one question, its tool on `db` where the file is."""
+        path = self.prompts.check_db_id(db, need_file=False) if db is not None else None
+        tool_db = str(path) if path is not None and path.is_file() else None
+        return self.agent.run([messages], [tool_db], n=n, temperature=temperature, seed=seed)[0]

@@ -36,8 +36,9 @@ def main(args) -> int:
     )
     if not is_main_process():  # rank 0 writes the model folder and the metrics
         return 0
-    # the prompts this model was trained on, for the server (never the workspace's params)
-    write_prompt_settings(args.out, params.prepare, params.eval.schema_repair)
+    # the prompts and the answer format this model was trained on (the rows prepare wrote in
+    # grpo.rollout's format), for evaluation and the server (never the workspace's params)
+    write_prompt_settings(args.out, params.prepare, params.eval.schema_repair, params.grpo)
     write_json(args.metrics, metrics)
     print(
         f"sft: {metrics['rows_trained']} of {metrics['examples']} rows trained (none cut), "

@@ -13,6 +13,14 @@
 - Schema repair (`eval.schema_repair`, `sqlrl/sql/schema_repair.py`): table and column names the
   database lacks are mapped onto its own before scoring; the model's unrepaired SQL is kept
   in the prediction row as `before_repair`, and `repaired` counts the changed predictions.
+- The answer format: each model is asked in the format its folder records (sqlrl_prompt.json's
+  `rollout`; none, as models/base: `sql`): the format's system prompt in place of prepare's,
+  its extractor (sqlrl.train.rollouts.EXTRACTORS), and for `agent` the tool loop
+  (sqlrl/agent.py) on each question's database. `reasoning` and `agent` add their metrics to
+  the split's (`rollout`; reasoning: mean_format_reward, no_answer_share; agent: episodes,
+  tool_calls_per_episode, turns_per_episode, failed_tool_call_share, no_answer_share), and an
+  agent's prediction rows carry the `trace` (each probe's query and observation, the final
+  SQL). The `sql` format's files are byte for byte what they were before formats existed.
 - Self-consistency (`eval.num_samples` > 1): N completions sampled per question at
   `eval.temperature` (seeded), each executed read-only; the answer is a query from the largest
   group of candidates with the same result (ties: the group seen first), as in SQL-R1 and
@@ -37,9 +45,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from sqlrl.data.prompt_settings import AnswerFormat, read_answer_format
 from sqlrl.errors import PipelineError
 from sqlrl.eval.voting import vote_answers, votes_of
 from sqlrl.jsonio import read_jsonl
@@ -90,6 +99,8 @@ class Answers:
     unrepaired: list[str]  # with schema repair: the SQL before it; otherwise empty
     votes: list[int] | None  # with voting: the winning group's size
     seconds: float  # generation wall time
+    traces: list[dict] | None = None  # agent format: each answer's probes and final SQL
+    stats: dict = field(default_factory=dict)  # the format's own metrics (none for sql)
 
 
 def answer_prompts(
@@ -102,39 +113,133 @@ def answer_prompts(
     seed: int,
     fix: Callable[[int, str], str] | None,
     rules: str = "spider",
+    extract: Callable[[str], str] | None = None,
 ) -> Answers:
     """Generate and pick each prompt's SQL through the answer path the server and TextToSQL
     share (sqlrl.answer): greedy (extract, then repair) or, with num_samples > 1, sample,
-    repair every candidate and vote by execution result (grouped by the benchmark's `rules`)."""
-    from sqlrl.answer import finish_answer
-
+    repair every candidate and vote by execution result (grouped by the benchmark's `rules`).
+    `extract`: the format's extractor (default: the `sql` format's extract_sql)."""
     if not prompts:
         return Answers([], [], [], None, 0.0)
     start = time.perf_counter()
     if num_samples > 1:
         samples = generator.sample(prompts, num_samples, temperature, seed)
-        seconds = time.perf_counter() - start
-        _check_count(samples, prompts)
-        answers = vote_answers(samples, db_paths, fix=fix, rules=rules)
-        votes = [votes_of(answer) for answer in answers]
     else:
-        outputs = generator.generate(prompts)
-        seconds = time.perf_counter() - start
-        _check_count(outputs, prompts)
-        answers = [
-            finish_answer(
-                [text], repair=(lambda sql, k=k: fix(k, sql)) if fix is not None else None
-            )
-            for k, text in enumerate(outputs)
-        ]
-        votes = None
+        samples = [[text] for text in generator.generate(prompts)]
+    seconds = time.perf_counter() - start
+    _check_count(samples, prompts)
+    answers = _picked(samples, db_paths, num_samples, fix, rules, extract)
+    return _collected(answers, num_samples, fix, seconds)
+
+
+def _picked(samples, db_paths, num_samples: int, fix, rules: str, extract) -> list:
+    """Each question's Answer from its texts: one greedy text extracted and repaired, or
+    several voted on by execution result."""
+    from sqlrl.answer import finish_answer
+
+    if num_samples > 1:
+        return vote_answers(samples, db_paths, fix=fix, rules=rules, extract=extract)
+    return [
+        finish_answer(
+            texts,
+            repair=(lambda sql, k=k: fix(k, sql)) if fix is not None else None,
+            extract=extract,
+        )
+        for k, texts in enumerate(samples)
+    ]
+
+
+def _collected(answers: list, num_samples: int, fix, seconds: float) -> Answers:
     return Answers(
         [a.completion for a in answers],
         [a.sql for a in answers],
         [a.extracted for a in answers] if fix is not None else [],
-        votes,
+        [votes_of(answer) for answer in answers] if num_samples > 1 else None,
         seconds,
     )
+
+
+def answer_agent(
+    messages: list[list[dict]],
+    db_paths: list[str],
+    loop,
+    *,
+    num_samples: int,
+    temperature: float,
+    seed: int,
+    fix: Callable[[int, str], str] | None,
+    rules: str = "spider",
+) -> Answers:
+    """The agent format's answers: `loop` (sqlrl.agent.AgentLoop) runs num_samples episodes
+    per question, and each episode's final answer ("" without one) goes through the same
+    answer path as a completion; the chosen episode's trace goes with its answer."""
+    from sqlrl.agent import agent_stats
+    from sqlrl.train.rollouts import final_answer_sql
+
+    if not messages:
+        return Answers([], [], [], None, 0.0)
+    start = time.perf_counter()
+    sampled = temperature if num_samples > 1 else 0.0  # one answer: greedy, as answer_prompts
+    groups = loop.run(messages, db_paths, n=num_samples, temperature=sampled, seed=seed)
+    seconds = time.perf_counter() - start
+    samples = [[episode.answer or "" for episode in group] for group in groups]
+    answers = _picked(samples, db_paths, num_samples, fix, rules, final_answer_sql)
+    collected = _collected(answers, num_samples, fix, seconds)
+    collected.traces = [
+        group[a.chosen].trace(a.sql) for a, group in zip(answers, groups, strict=True)
+    ]
+    collected.stats = {"rollout": "agent", **agent_stats([e for g in groups for e in g])}
+    return collected
+
+
+def reasoning_stats(outputs: list[str]) -> dict:
+    """The reasoning format's metrics: the format reward's mean (the whole <think>/<answer>
+    shape) and the share of completions without a final <answer> to judge."""
+    from sqlrl.train.rollouts import answer_sql, reasoning_format_score
+
+    n = len(outputs)
+    if not n:
+        return {"rollout": "reasoning", "mean_format_reward": None, "no_answer_share": None}
+    return {
+        "rollout": "reasoning",
+        "mean_format_reward": round(sum(map(reasoning_format_score, outputs)) / n, 4),
+        "no_answer_share": round(sum(answer_sql(o) == "" for o in outputs) / n, 4),
+    }
+
+
+@dataclass
+class Asker:
+    """How a model is asked: its generator, how messages become its prompt text, its
+    answer format and, for the agent, its tokenizer (the tool loop renders every turn)."""
+
+    generator: object
+    render: Callable[[list[dict]], str]
+    answer_format: AnswerFormat = AnswerFormat()
+    tokenizer: object = None
+
+    def __post_init__(self):
+        self.loop = None
+        if self.answer_format.rollout == "agent":
+            if self.tokenizer is None:
+                raise ValueError("an agent-format model's generator needs its tokenizer")
+            from sqlrl.agent import AgentLoop
+
+            self.loop = AgentLoop(self.generator, self.tokenizer, self.answer_format)
+
+    def answer(self, messages: list[list[dict]], db_paths: list[str], **decode) -> Answers:
+        """The answers to prepare's `messages` (each put in the model's format first)."""
+        from sqlrl.train.rollouts import EXTRACTORS, rollout_prompt
+
+        rollout = self.answer_format.rollout
+        messages = [rollout_prompt(m, rollout) for m in messages]
+        if self.loop is not None:
+            return answer_agent(messages, db_paths, self.loop, **decode)
+        extract = EXTRACTORS[rollout] if rollout != "sql" else None
+        prompts = [self.render(m) for m in messages]
+        answers = answer_prompts(prompts, db_paths, self.generator, extract=extract, **decode)
+        if rollout == "reasoning":
+            answers.stats = reasoning_stats(answers.outputs)
+        return answers
 
 
 def _schema_fixer(rows: list[dict], todo: list[int], tables_json: str | Path):
@@ -210,6 +315,8 @@ def _prediction_rows(
             ),
             "output": answers.outputs[k] if k is not None else None,
         }
+        if answers.traces is not None and k is not None:
+            pred["trace"] = answers.traces[k]
         if item.get("gold_trivial") and not skipped:
             pred["gold_trivial"] = True
         if answers.votes is not None and k is not None:
@@ -261,20 +368,29 @@ def evaluate_split(
     seed: int = 0,
     schema_repair: bool = False,
     workers: int | None = None,
+    answer_format: AnswerFormat | None = None,
+    tokenizer=None,
 ) -> tuple[dict, list[dict]]:
     """Generate greedily, extract, (repair,) score one split by its benchmark's `rules`:
     (metrics, prediction rows in input order). With vote_samples k > 1, also sample k answers
-    per question and vote by result: maj@k goes next to greedy, in `maj` and in each row."""
+    per question and vote by result: maj@k goes next to greedy, in `maj` and in each row.
+    `answer_format`: the model's (default `sql`); the agent's needs the `tokenizer`."""
     todo = [i for i, row in enumerate(rows) if row.get("prompt") and row.get("db_present", True)]
     fix = _schema_fixer(rows, todo, tables_json) if schema_repair else None
     tokens_before = getattr(generator, "generated_tokens", None)
-    prompts = [render(rows[i]["prompt"]) for i in todo]
+    asker = Asker(generator, render, answer_format or AnswerFormat(), tokenizer) if todo else None
+    messages = [rows[i]["prompt"] for i in todo]
     db_paths = [rows[i]["db_path"] for i in todo]
     decode = dict(temperature=temperature, seed=seed, fix=fix, rules=rules)
-    answers = answer_prompts(prompts, db_paths, generator, num_samples=1, **decode)
+    answers = (
+        asker.answer(messages, db_paths, num_samples=1, **decode)
+        if asker
+        else Answers([], [], [], None, 0.0)
+    )
     report = _score(rows, _in_row_order(rows, todo, answers), tables_json, workers, rules)
     predictions = _prediction_rows(rows, todo, answers, report)
     metrics = _split_metrics(predictions, report, answers, len(todo), 1)
+    metrics.update(answers.stats)
     if fix is not None:
         metrics["repaired"] = sum(
             "before_repair" in p for p in predictions if p["status"] != "skipped"
@@ -284,7 +400,11 @@ def evaluate_split(
         metrics["generated_tokens"] = tokens
         metrics["tokens_per_second"] = round(tokens / answers.seconds, 1)
     if vote_samples > 1:
-        voted = answer_prompts(prompts, db_paths, generator, num_samples=vote_samples, **decode)
+        voted = (
+            asker.answer(messages, db_paths, num_samples=vote_samples, **decode)
+            if asker
+            else Answers([], [], [], None, 0.0)
+        )
         maj = _score(rows, _in_row_order(rows, todo, voted), tables_json, workers, rules)
         metrics["maj"] = _majority_metrics(maj, voted, vote_samples)
         _add_majority(predictions, todo, voted, maj)
@@ -363,6 +483,7 @@ def evaluate_model(
     render: Callable[[list[dict]], str] | None = None,
     workers: int | None = None,
     progress: bool = True,
+    tokenizer=None,
 ) -> tuple[dict, dict[str, list[dict]]]:
     """Evaluate one model on each split. `params` is the `eval` section (EvalParams); with
     `vote`, maj@eval.num_samples is reported next to greedy.
@@ -370,16 +491,18 @@ def evaluate_model(
     A split given as a plain path is a Spider split whose schemas are `spider_dir`'s (dev
     required). Returns (metrics, predictions per split): each split's metrics under its name
     (a required split always, another only when it has rows). `generator`/`render` replace the
-    model (tests, or a caller that already holds one); otherwise `make_generator` loads
-    model_dir.
+    model (tests, or a caller that already holds one; an agent-format model's also needs its
+    `tokenizer`); otherwise `make_generator` loads model_dir. The model is asked in the
+    answer format its folder records (read_answer_format: `sql` without one).
     """
     splits = {name: _as_split(name, split, spider_dir) for name, split in splits.items()}
     data = {
         name: read_jsonl(split.rows, EVAL_ROW_KEYS, missing_ok=not split.required)
         for name, split in splits.items()
     }
+    answer_format = read_answer_format(model_dir)  # a bad record stops here, before loading
     if generator is None and any(row.get("prompt") for rows in data.values() for row in rows):
-        generator, render = _load_generator(model_dir, params, seed, progress, render)
+        generator, render, tokenizer = _load_generator(model_dir, params, seed, progress, render)
     if generator is not None and render is None:
         raise ValueError("a generator passed in needs its `render` (messages -> prompt text)")
 
@@ -401,6 +524,8 @@ def evaluate_model(
             seed=seed,
             schema_repair=params.schema_repair,
             workers=workers,
+            answer_format=answer_format,
+            tokenizer=tokenizer,
         )
         if split.required or rows:
             metrics[name] = split_metrics
@@ -422,7 +547,7 @@ def _as_split(name: str, split: Split | str | Path, spider_dir: str | Path | Non
 
 
 def _load_generator(model_dir, params, seed: int, progress: bool, render):
-    """(generator, render) for the model in model_dir, as eval params ask."""
+    """(generator, render, tokenizer) for the model in model_dir, as eval params ask."""
     from sqlrl.data.prompts import render_prompt
     from sqlrl.model.generate import make_generator
 
@@ -435,7 +560,7 @@ def _load_generator(model_dir, params, seed: int, progress: bool, render):
         progress=progress,
         setting="eval.use_vllm",
     )
-    return generator, render or (lambda messages: render_prompt(tokenizer, messages))
+    return generator, render or (lambda messages: render_prompt(tokenizer, messages)), tokenizer
 
 
 HEADLINE_KEYS = ("ex", "em")  # per split, in `dvc metrics show` / `diff`

@@ -43,10 +43,11 @@ def vote_answers(
     executor=None,
     fix: Callable[[int, str], str] | None = None,
     rules: str = "spider",
+    extract: Callable[[str], str] | None = None,
 ) -> list:
     """Each question's Answer (sqlrl.answer) from its N sampled texts, every candidate run
     read-only on its database; `fix(question index, sql)` rewrites each candidate before it
-    runs (schema repair)."""
+    runs (schema repair); `extract`: the model's format's extractor (default extract_sql)."""
     from sqlrl.answer import finish_answer
     from sqlrl.eval.score import EVAL_TIMEOUT_S
     from sqlrl.sql.executor import ExecLimits, SQLExecutor
@@ -62,6 +63,7 @@ def vote_answers(
                 repair=(lambda sql, q=q: fix(q, sql)) if fix is not None else None,
                 execute=lambda sqls, path=db_path: [executor.execute(path, sql) for sql in sqls],
                 rules=rules,
+                extract=extract,
             )
         )
     return answers

@@ -244,10 +244,13 @@ class Served:
 
 
 def generate_body(req: GenerateRequest, served: Served) -> dict:
-    """The /generate response: the chosen SQL and completion, with several samples the vote
-    and every candidate, with execution the verdict and rows, and the usage."""
+    """The /generate response: the chosen SQL and completion, an agent's trace, with several
+    samples the vote and every candidate, with execution the verdict and rows, and the
+    usage."""
     a = served.answer
     out = {"sql": a.sql, "completion": a.completion}
+    if a.trace is not None:  # an agent model: its probes, their observations, the final SQL
+        out["trace"] = a.trace
     if a.vote is not None:
         out.update(votes=a.votes, vote=a.vote)
     if len(a.candidates) > 1:
@@ -294,6 +297,10 @@ class Service:
                 await self._warmup()
         else:
             await self.backend.start()
+        if self.settings.rollout == "agent":  # a template that cannot call tools: refused now
+            from sqlrl.agent import with_response_parser
+
+            with_response_parser(self.backend.tokenizer)
         # the model, tokenizer and schemas live as long as the server: without this, each full
         # collection walks them all, a 0.2-0.5 s pause of every thread (the event loop too)
         # whenever a request allocates many objects (sqlglot parsing DDL)
@@ -447,9 +454,13 @@ class Service:
         """(the SQL of each completion, the same before repair) through the answer path's
         first step (sqlrl.answer.candidate_sqls): extraction and, where the request's schema
         is known (db_id, ddl), its schema repair (eval.schema_repair)."""
+        from sqlrl.train.rollouts import EXTRACTORS
+
         repair = self.settings.schema_repair
         schema = self.prompts.schema(db_id=req.db_id, ddl=req.ddl) if repair else None
-        return candidate_sqls(texts, schema_repair(schema, req.question))
+        rollout = self.settings.rollout
+        extract = EXTRACTORS[rollout] if rollout != "sql" else None  # the model's format's
+        return candidate_sqls(texts, schema_repair(schema, req.question), extract)
 
     async def complete(self, prompt: str, opts: dict) -> list[str]:
         """The backend's completions within --request-timeout-s; its failures become the HTTP
@@ -481,7 +492,12 @@ class Service:
     async def answer(self, req: GenerateRequest) -> Served:
         """One request through the answer path every front end shares (/generate, the OpenAI
         API, the playground): prompt, completions, then sqlrl.answer's steps, evaluation's
-        and TextToSQL's too (SQL, execution when asked, vote), each off the event loop."""
+        and TextToSQL's too (SQL, execution when asked, vote), each off the event loop. An
+        agent model's request runs its tool loop (sqlrl.serve.agent_answer)."""
+        if self.settings.rollout == "agent":
+            from sqlrl.serve.agent_answer import answer_agent
+
+            return await answer_agent(self, req)
         opts, prompt, db_path, n_tokens = await self.off_loop(self.prepare, req)
         t0 = time.perf_counter()
         texts = await self.complete(prompt, opts)
@@ -489,7 +505,7 @@ class Service:
         sqls, extracted = await self.off_loop(self.sqls_for, req, texts)
         verdicts = None
         if db_path is not None:
-            verdicts = await asyncio.to_thread(self._execute_all, db_path, sqls, opts["max_rows"])
+            verdicts = await asyncio.to_thread(self.execute_all, db_path, sqls, opts["max_rows"])
         answer = answer_from(texts, sqls, verdicts, extracted=extracted)
         return Served(answer, texts, n_tokens, gen_s, opts)
 
@@ -522,7 +538,7 @@ class Service:
         finally:
             task.cancel()
 
-    def _execute_all(self, db_path: Path, sqls: list[str], max_rows: int):
+    def execute_all(self, db_path: Path, sqls: list[str], max_rows: int):
         """Each SQL run read-only by this thread's sandboxed executor (sqlrl.sql.executor)."""
         from sqlrl.sql.executor import ExecLimits, default_executor
 
@@ -543,7 +559,7 @@ class Service:
             db_path = self.prompts.check_db_id(db_id, need_file=True)
         except InputError as exc:
             raise HTTPError(exc.status, str(exc), param="db_id") from None
-        (verdict,) = await asyncio.to_thread(self._execute_all, db_path, [sql], rows)
+        (verdict,) = await asyncio.to_thread(self.execute_all, db_path, [sql], rows)
         return {"db_id": db_id, **verdict_body(verdict)}
 
     # ------------------------------------------------------------------ request bodies
@@ -603,7 +619,7 @@ class Service:
             "model": Path(self.config.model).name,
             "uptime_s": round(time.time() - self.started, 1),
             "load_seconds": self.load_seconds,
-            "prompt": asdict(self.settings),
+            "prompt": self.settings.record(),
             "spider": {
                 "databases": len(self.prompts.schemas),
                 "error": self.prompts.spider_error or None,

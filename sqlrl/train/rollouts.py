@@ -12,7 +12,9 @@
   message with no tool call (`final_answer_sql`): an episode that ends on a tool call (out of
   turns or tokens) has no answer and scores 0.
 
-Evaluation and serving still ask for the query only (the `sql` format) in this version.
+Evaluation, TextToSQL and the server ask a model in the format its folder records
+(sqlrl_prompt.json): the same system prompt (`rollout_prompt`), the same extractor
+(`EXTRACTORS`), and for the agent the same tool loop (sqlrl/agent.py).
 """
 
 from __future__ import annotations
@@ -47,16 +49,22 @@ def rollout_rows(rows: list[dict], rollout: str) -> list[dict]:
     themselves, untouched, for `sql`). A row's prompt is [system, user, ...]."""
     if rollout == "sql":
         return rows
+    return [{**row, "prompt": rollout_prompt(row["prompt"], rollout)} for row in rows]
+
+
+def rollout_prompt(messages: list[dict], rollout: str) -> list[dict]:
+    """One prompt's messages with the rollout's system prompt in place of prepare's (the
+    messages themselves for `sql`): training (rollout_rows) and inference both call this, so a
+    model is asked the way it was trained."""
+    if rollout == "sql":
+        return messages
     system = SYSTEM_PROMPTS[rollout]
-    out = []
-    for row in rows:
-        prompt = list(row["prompt"])
-        if prompt and prompt[0].get("role") == "system":
-            prompt[0] = {**prompt[0], "content": system}
-        else:
-            prompt.insert(0, {"role": "system", "content": system})
-        out.append({**row, "prompt": prompt})
-    return out
+    prompt = list(messages)
+    if prompt and prompt[0].get("role") == "system":
+        prompt[0] = {**prompt[0], "content": system}
+    else:
+        prompt.insert(0, {"role": "system", "content": system})
+    return prompt
 
 
 def answer_sql(completion) -> str:

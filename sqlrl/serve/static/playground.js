@@ -100,16 +100,28 @@ function showAnswer(answer) {
   $("rows-note").textContent = "";
 }
 
-// an agent's steps, where the answer has them: each shown as text
+// an agent model's trace ({probes: [{query, observation}], final_sql}): each query it ran
+// and what the database answered, then its final SQL ("" when it ran out of turns)
 function showTrace(trace) {
   const list = $("trace");
   list.replaceChildren();
-  $("trace-box").hidden = !Array.isArray(trace) || !trace.length;
-  for (const step of trace || []) {
+  $("trace-box").hidden = !trace || !Array.isArray(trace.probes);
+  if ($("trace-box").hidden) return;
+  for (const probe of trace.probes) {
     const item = document.createElement("li");
-    item.textContent = typeof step === "string" ? step : JSON.stringify(step, null, 2);
+    const query = document.createElement("pre");
+    query.className = "probe-query";
+    query.textContent = probe.query;
+    const observation = document.createElement("pre");
+    observation.className = "probe-observation";
+    observation.textContent = probe.observation;
+    item.append(query, observation);
     list.append(item);
   }
+  const final = document.createElement("li");
+  final.className = "final-sql";
+  final.textContent = trace.final_sql ? "answer: " + trace.final_sql : "no final answer (out of turns)";
+  list.append(final);
 }
 
 async function run() {
