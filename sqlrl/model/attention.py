@@ -12,8 +12,8 @@ The implementation is registered with transformers' public AttentionInterface an
 AttentionMaskInterface under GROUPED_SDPA (the mask is sdpa's boolean one), and
 `grouped_query_attention(model)` switches a model to it where it helps: sdpa on a CPU, with
 fewer KV heads than query heads. GRPO's policy uses it too (its rollouts are generation;
-its gradients match sdpa's to 2e-7, its training pass is ~5% faster). On CUDA, sdpa with a mask and grouped heads falls back to
-its slowest kernel, so a GPU model keeps what it has.
+its gradients match sdpa's to 2e-7, its training pass is ~5% faster). On CUDA, sdpa with a
+mask and grouped heads falls back to its slowest kernel, so a GPU model keeps what it has.
 """
 
 from __future__ import annotations
