@@ -26,6 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sqlrl.data.prompt_settings import AnswerFormat
+from sqlrl.train.sql_environment import tool_schemas  # the schema training rendered
 
 TOOL_NAME = "execute_sql"
 
@@ -48,13 +49,6 @@ class Episode:
         """What the model looked at and what it answered: the probes (each query and the
         observation it got) and the final SQL ("" when the episode ended without one)."""
         return {"probes": [dict(p) for p in self.probes], "final_sql": final_sql}
-
-
-def tool_schemas() -> list[dict]:
-    """The execute_sql schema as training rendered it (sqlrl.train.sql_environment)."""
-    from sqlrl.train.sql_environment import tool_schemas as schemas
-
-    return schemas()
 
 
 def render_agent_prompt(tokenizer, messages: list[dict], tools: list[dict]) -> str:
