@@ -32,7 +32,7 @@ from sqlrl.errors import PipelineError
 
 SCHEMA_FORMATS = ("compact", "ddl")
 DTYPES = ("float32", "bfloat16", "float16")
-TOKENIZERS = ("trained", "qwen2.5")
+TOKENIZERS = ("trained", "trained-tools", "qwen2.5")
 VLLM_MODES = ("colocate", "server")
 BENCHMARK_FORMATS = ("spider", "bird")
 SET_NAME = r"^[a-z][a-z0-9_]*$"  # a metrics section and a file name
@@ -386,7 +386,8 @@ class Params:
         ):
             raise ParamsError(
                 "grpo.rollout agent needs a chat template that can call tools: the trained "
-                "tokenizer's has none (set base.tokenizer=qwen2.5, or use a hub model)"
+                "tokenizer's has none (set base.tokenizer=trained-tools or qwen2.5, or use a "
+                "hub model)"
             )
         longest = self.prepare.max_prompt_tokens + self.grpo.max_completion_length
         if self.prepare.max_prompt_tokens and self.grpo.vllm_max_model_length < longest:

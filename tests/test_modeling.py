@@ -137,14 +137,19 @@ def _write_sft(path, n=30):
     return path
 
 
-def test_scratch_base_saves_model_and_tokenizer(tmp_path):
-    base = dataclasses.replace(
+def _scratch_base(tokenizer: str, vocab_size: int):
+    """base params for a scratch model of ARCH's shape with this tokenizer."""
+    return dataclasses.replace(
         fixed_params().base,
         source="scratch",
         dtype="float32",
-        tokenizer="trained",
-        architecture=dataclasses.replace(ARCH, vocab_size=300),
+        tokenizer=tokenizer,
+        architecture=dataclasses.replace(ARCH, vocab_size=vocab_size),
     )
+
+
+def test_scratch_base_saves_model_and_tokenizer(tmp_path):
+    base = _scratch_base("trained", vocab_size=300)
     record = build_base(base, 7, _write_sft(tmp_path / "sft.jsonl"), tmp_path / "base")
     model, tok = load_model_and_tokenizer(tmp_path / "base")
     assert record["source"] == "scratch"
@@ -154,6 +159,78 @@ def test_scratch_base_saves_model_and_tokenizer(tmp_path):
     prompt = render_prompt(tok, build_messages("singer | id", "How many?", "SQL only."))
     assert prompt.startswith(f"{IM_START}system\nSQL only.{IM_END}\n{IM_START}user\n")
     assert prompt.endswith(f"{IM_END}\n{IM_START}assistant\n")
+
+
+def _write_agent_sft(path, n=30):
+    """Trajectory rows as prepare writes them in the agent format: the tool's schema, a call,
+    the tool's answer, then the SQL."""
+    from sqlrl.data.trajectories import tool_call_message
+    from sqlrl.train.sql_environment import tool_schemas
+
+    rows = []
+    for i in range(n):
+        call = tool_call_message(f"SELECT * FROM singer WHERE id = {i} LIMIT 3")
+        observation = {"role": "tool", "name": "execute_sql", "content": f"(1 rows)\nid\n{i}"}
+        answer = {"role": "assistant", "content": f"SELECT name FROM singer WHERE id = {i}"}
+        rows.append(
+            {
+                "prompt": [
+                    {"role": "system", "content": "s"},
+                    {"role": "user", "content": f"singer | id, name\n\nQuestion: q{i}"},
+                ],
+                "completion": [call, observation, answer],
+                "tools": tool_schemas(),
+            }
+        )
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return rows
+
+
+def test_trained_tools_tokenizer_calls_tools_as_qwen25_does(tmp_path):
+    """`base.tokenizer: trained-tools`: a small trained vocabulary that renders, and gets
+    parsed back, exactly as Qwen2.5's real tokenizer: the same chat template text (TRL finds
+    its response parser and its SFT training template by that text), <tool_call> and
+    </tool_call> as whole tokens, kept by decode(skip_special_tokens=True)."""
+    from trl.chat_template_utils import (
+        add_response_schema,
+        get_training_chat_template,
+        qwen2_5_chat_template,
+    )
+
+    from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer
+
+    rows = _write_agent_sft(tmp_path / "sft.jsonl")
+    record = build_base(
+        _scratch_base("trained-tools", vocab_size=400), 7, tmp_path / "sft.jsonl", tmp_path / "base"
+    )
+    model, tok = load_model_and_tokenizer(tmp_path / "base")
+    assert model.config.vocab_size == len(tok) == record["vocab_size"] <= 400
+    assert tok.chat_template == qwen2_5_chat_template
+    assert get_training_chat_template(tok) is not None  # SFT's assistant-only loss
+    assert tok.convert_tokens_to_ids(["<tool_call>", "</tool_call>"]) == [3, 4]
+    row = rows[0]
+    messages = row["prompt"] + row["completion"]
+    text = tok.apply_chat_template(messages, tools=row["tools"], tokenize=False)
+    qwen = build_qwen25_tokenizer().apply_chat_template(
+        messages, tools=row["tools"], tokenize=False
+    )
+    assert text == qwen
+    call = '<tool_call>\n{"name": "execute_sql", "arguments": {"query": "SELECT 1"}}\n</tool_call>'
+    ids = tok(call + IM_END, add_special_tokens=False)["input_ids"]
+    assert ids[0] == 3 and "<tool_call>" in tok.decode(ids, skip_special_tokens=True)
+    parsed = add_response_schema(tok).parse_response(ids, prefix="")
+    assert parsed["tool_calls"][0]["function"] == {
+        "name": "execute_sql",
+        "arguments": {"query": "SELECT 1"},
+    }
+
+
+def test_the_default_trained_tokenizer_has_no_tool_tokens(tokenizers_pair):
+    """The default's tokenizer (and so its model and every committed output) is unchanged."""
+    _, hf = tokenizers_pair
+    assert "<tool_call>" not in hf.get_vocab() and "tools" not in hf.chat_template
+    with pytest.raises(ValueError, match="tool_tokens"):
+        to_transformers_tokenizer(tokenizers_pair[0], tool_template=True)
 
 
 def test_hub_path_with_a_local_folder_standing_in_for_a_hub_id(tokenizers_pair, tmp_path):

@@ -197,7 +197,10 @@ def test_overrides_compose_like_dvc_exp_run_set_param_over_the_profile():
             "base.source: Input should be 'hub' or 'scratch' \\(got 'cloud'\\)",
         ),
         (["base.dtype=int8"], "base.dtype: Input should be 'float32', 'bfloat16' or 'float16'"),
-        (["base.tokenizer=gpt2"], "base.tokenizer: Input should be 'trained' or 'qwen2.5'"),
+        (
+            ["base.tokenizer=gpt2"],
+            "base.tokenizer: Input should be 'trained', 'trained-tools' or 'qwen2.5'",
+        ),
         (["sft.prompt_loss_weight=0"], "sft.prompt_loss_weight: Input should be greater than 0"),
         (["sft.prompt_loss_weight=1.5"], "sft.prompt_loss_weight: Input should be less than or"),
     ],
@@ -322,3 +325,5 @@ def test_the_agent_rollout_on_a_tokenizer_without_tool_calling_is_refused():
         compose_params("smoke", ["grpo.rollout=agent", "base.tokenizer=qwen2.5"])
     )
     assert (params.grpo.rollout, params.grpo.agent.max_turns) == ("agent", 5)
+    small = params_from_dict(compose_params("smoke-agent", []))  # the trained vocabulary's
+    assert (small.base.tokenizer, small.grpo.rollout) == ("trained-tools", "agent")

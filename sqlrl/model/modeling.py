@@ -5,8 +5,11 @@
   revision, dtype, parameter count), so the weights are never copied into the DVC cache.
   `base.model_id` may also be a local folder standing in for a hub id (tests, air-gapped use).
 - scratch (`base.source: scratch`): a byte-level BPE tokenizer trained on the prepared training
-  text with Qwen2's own normalizer and pre-tokenizer and a ChatML chat template like Qwen's
-  (or, with `base.tokenizer: qwen2.5`, Qwen2.5's real tokenizer, for the rehearsal profile),
+  text with Qwen2's own normalizer and pre-tokenizer and a ChatML chat template like Qwen's;
+  with `base.tokenizer: trained-tools`, the same BPE with Qwen2.5's own chat template and its
+  tool-call tokens, so the agent format trains on a small vocabulary (Qwen2.5's 152k-token
+  output layer costs a small model more than the rest of it); with `base.tokenizer: qwen2.5`,
+  Qwen2.5's real tokenizer (the rehearsal profile),
   and a Qwen2-architecture model initialised (seeded) from `base.architecture`. Both are saved
   with `save_pretrained`; the Auto classes reload them, with the same token ids whichever
   loader (transformers or the tokenizers library) is used.
@@ -29,6 +32,9 @@ from sqlrl.params import ArchitectureParams, BaseParams, LoraParams, parse_bool
 BASE_RECORD = "base.json"
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
+# Qwen2.5's tool-call markers: added tokens there (whole, never split), but not special
+# (decode(skip_special_tokens=True) keeps them, which TRL's response parser relies on).
+TOOL_CALL_TOKENS = ["<tool_call>", "</tool_call>"]
 # Qwen2's pre-tokenizer split (transformers' Qwen2Tokenizer uses the same expression).
 QWEN2_PRETOKENIZE_REGEX = (
     r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"""
@@ -64,14 +70,16 @@ def qwen2_pre_tokenizer():
     )
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int):
+def train_tokenizer(texts: Iterable[str], vocab_size: int, tool_tokens: bool = False):
     """A byte-level BPE `tokenizers.Tokenizer` with Qwen2's normalizer and pre-tokenizer.
 
-    Special tokens get the first ids: <|endoftext|> 0, <|im_start|> 1, <|im_end|> 2.
+    Special tokens get the first ids: <|endoftext|> 0, <|im_start|> 1, <|im_end|> 2, then
+    (with `tool_tokens`) <tool_call> 3, </tool_call> 4.
     """
     from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
     from tokenizers.models import BPE
 
+    reserved = SPECIAL_TOKENS + (TOOL_CALL_TOKENS if tool_tokens else [])
     tokenizer = Tokenizer(BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     tokenizer.normalizer = normalizers.NFC()
     tokenizer.pre_tokenizer = qwen2_pre_tokenizer()
@@ -80,15 +88,18 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int):
         vocab_size=vocab_size,
         min_frequency=2,
         show_progress=False,
-        special_tokens=[AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS],
+        special_tokens=[AddedToken(t, special=True, normalized=False) for t in reserved],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
     return tokenizer
 
 
-def to_transformers_tokenizer(tokenizer):
-    """Wrap a trained `tokenizers.Tokenizer` as transformers' Qwen2Tokenizer with ChatML."""
+def to_transformers_tokenizer(tokenizer, tool_template: bool = False):
+    """Wrap a trained `tokenizers.Tokenizer` as transformers' Qwen2Tokenizer with ChatML, or
+    (`tool_template`) with Qwen2.5's chat template and its tool-call tokens, which the
+    tokenizer must have been trained with (`train_tokenizer(..., tool_tokens=True)`)."""
+    from tokenizers import AddedToken
     from transformers import Qwen2Tokenizer
 
     state = json.loads(tokenizer.to_str())["model"]
@@ -103,16 +114,34 @@ def to_transformers_tokenizer(tokenizer):
         model_max_length=32768,
     )
     hf.chat_template = CHATML_TEMPLATE
+    if tool_template:
+        from sqlrl.model.qwen_tokenizer import QWEN25_CHAT_TEMPLATE
+
+        missing = [t for t in TOOL_CALL_TOKENS if t not in state["vocab"]]
+        if missing:
+            raise ValueError(f"the trained tokenizer has no {missing}: train it with tool_tokens")
+        hf.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_CALL_TOKENS])
+        hf.chat_template = QWEN25_CHAT_TEMPLATE
     return hf
 
 
-def training_texts(sft_jsonl: str | Path) -> Iterator[str]:
-    """The prepared training text: system prompt, schema + question, gold SQL."""
+def training_texts(sft_jsonl: str | Path, chat_template: str | None = None) -> Iterator[str]:
+    """The prepared training text: system prompt, schema + question, gold SQL; with a chat
+    template, each row rendered whole as the model will see it (the agent's tool schema and
+    tool-call markup included, which the messages' contents alone do not carry)."""
+    if chat_template is not None:
+        from transformers.utils.chat_template_utils import render_jinja_template
     with open(sft_jsonl, encoding="utf-8") as fh:
         for line in fh:
             row = json.loads(line)
-            for message in row["prompt"] + row["completion"]:
-                yield message["content"]
+            messages = row["prompt"] + row["completion"]
+            if chat_template is None:
+                yield from (message["content"] for message in messages)
+            else:
+                rendered, _ = render_jinja_template(
+                    [messages], tools=row.get("tools"), chat_template=chat_template
+                )
+                yield rendered[0]
 
 
 # --------------------------------------------------------------------------- model
@@ -175,6 +204,12 @@ def build_scratch(
         from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer
 
         tokenizer = build_qwen25_tokenizer()
+    elif params.tokenizer == "trained-tools":  # a small vocabulary that can call tools
+        from sqlrl.model.qwen_tokenizer import QWEN25_CHAT_TEMPLATE
+
+        texts = training_texts(sft_jsonl, QWEN25_CHAT_TEMPLATE)
+        trained = train_tokenizer(texts, arch.vocab_size, tool_tokens=True)
+        tokenizer = to_transformers_tokenizer(trained, tool_template=True)
     else:
         tokenizer = to_transformers_tokenizer(
             train_tokenizer(training_texts(sft_jsonl), arch.vocab_size)
