@@ -204,16 +204,13 @@ def build_scratch(
         from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer
 
         tokenizer = build_qwen25_tokenizer()
-    elif params.tokenizer == "trained-tools":  # a small vocabulary that can call tools
+    else:  # trained, or trained-tools: a small vocabulary that can call tools
         from sqlrl.model.qwen_tokenizer import QWEN25_CHAT_TEMPLATE
 
-        texts = training_texts(sft_jsonl, QWEN25_CHAT_TEMPLATE)
-        trained = train_tokenizer(texts, arch.vocab_size, tool_tokens=True)
-        tokenizer = to_transformers_tokenizer(trained, tool_template=True)
-    else:
-        tokenizer = to_transformers_tokenizer(
-            train_tokenizer(training_texts(sft_jsonl), arch.vocab_size)
-        )
+        tools = params.tokenizer == "trained-tools"
+        texts = training_texts(sft_jsonl, QWEN25_CHAT_TEMPLATE if tools else None)
+        trained = train_tokenizer(texts, arch.vocab_size, tool_tokens=tools)
+        tokenizer = to_transformers_tokenizer(trained, tool_template=tools)
     model = build_scratch_model(arch, tokenizer, seed, params.dtype)
     n = n_parameters(model)
     embed = model.get_input_embeddings().weight.numel()

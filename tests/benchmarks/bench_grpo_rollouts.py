@@ -60,16 +60,19 @@ def eval_seconds_per_question(params, model: Path, root: Path, n: int) -> float 
     evaluate@<model> runs): generation seconds per question."""
     if n <= 0:
         return None
-    from sqlrl.eval.evaluate import evaluate_model, spider_splits
+    from sqlrl.eval.evaluate import evaluate_model
 
     dev = root / "data/prepared/dev.jsonl"
     subset = root / f"dev-{n}.jsonl"
     subset.write_text("".join(dev.read_text().splitlines(keepends=True)[:n]))
     with chdir(root):
-        splits = spider_splits(subset, subset, "data/raw/spider")
-        del splits["heldout"]
         metrics, _ = evaluate_model(
-            model, params.eval, params.seed, splits, spider_dir="data/raw/spider", progress=False
+            model,
+            params.eval,
+            params.seed,
+            {"dev": subset},  # a Spider split: scored against data/raw/spider's tables
+            spider_dir="data/raw/spider",
+            progress=False,
         )
     return metrics["dev"]["generation_seconds"] / n
 
@@ -166,9 +169,9 @@ def format_models(given: list[str], rollouts: list[str], params, root: Path) -> 
         return dict.fromkeys(rollouts, model)
     if len(given) == 1 and "=" not in given[0]:
         return dict.fromkeys(rollouts, Path(given[0]).resolve())
-    pairs = dict(entry.split("=", 1) for entry in given)
+    pairs = dict(entry.split("=", 1) for entry in given if "=" in entry)
     missing = [r for r in rollouts if r not in pairs]
-    if missing or any("=" not in entry for entry in given):
+    if missing or len(pairs) < len(given):
         raise SystemExit(f"--model: give ROLLOUT=DIR for each of {rollouts} (missing {missing})")
     return {r: Path(pairs[r]).resolve() for r in rollouts}
 
