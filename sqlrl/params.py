@@ -218,6 +218,7 @@ class SftParams:
     completion_only_loss: Bool
     # (0, 1]: no prompt loss at all is completion_only_loss: true
     prompt_loss_weight: Annotated[float, Field(strict=True, gt=0, le=1)]
+    prompt_loss_sample: Annotated[float, Field(strict=True, gt=0, le=1)]
     save_steps: Count
     resume: Bool
 

@@ -203,6 +203,7 @@ def test_overrides_compose_like_dvc_exp_run_set_param_over_the_profile():
         ),
         (["sft.prompt_loss_weight=0"], "sft.prompt_loss_weight: Input should be greater than 0"),
         (["sft.prompt_loss_weight=1.5"], "sft.prompt_loss_weight: Input should be less than or"),
+        (["sft.prompt_loss_sample=0"], "sft.prompt_loss_sample: Input should be greater than 0"),
     ],
 )
 def test_a_run_override_that_makes_no_sense_is_refused_naming_the_key(overrides, message):

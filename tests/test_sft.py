@@ -326,6 +326,60 @@ def test_weighted_loss_at_weight_one_is_trls_loss_with_the_same_gradients(
         torch.testing.assert_close(ours_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_a_sampled_prompt_loss_is_the_weighted_loss_on_average_at_fewer_output_positions(
+    base_dir, tmp_path
+):
+    """sft.prompt_loss_sample < 1: each batch draws its own share of prompt positions, so
+    one draw's loss and gradients differ from the full weighted ones, their mean over draws
+    is them (unbiased), and the output layer sees the completion plus about that share of
+    the prompt."""
+    from sqlrl.model.modeling import load_model_and_tokenizer
+    from sqlrl.train.sft import _weighted_loss_trainer_class, sft_config
+
+    model, tokenizer = load_model_and_tokenizer(base_dir / "base")
+    trainer = _weighted_loss_trainer_class()(
+        model=model,
+        args=sft_config(_params(), 0, str(tmp_path / "out")),
+        train_dataset=load_sft_dataset(base_dir / "sft.jsonl"),
+        processing_class=tokenizer,
+        prompt_loss_weight=0.1,
+        prompt_loss_sample=0.25,
+    )
+    batch = trainer.data_collator([trainer.train_dataset[i] for i in range(8)])
+    _, _, weights, is_completion = trainer._weights(batch)
+    total_weight = weights.sum()
+    positions = []
+    model.get_output_embeddings().register_forward_hook(  # ours: (positions, hidden)
+        lambda module, args, output: positions.append(args[0].shape[0])
+        if args[0].dim() == 2
+        else None  # the model's own forward: its last position only (logits_to_keep=1)
+    )
+    model.train()
+
+    def loss_and_grad():
+        model.zero_grad()
+        loss = trainer.compute_loss(model, batch, num_items_in_batch=total_weight)
+        loss.backward()
+        grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        return loss.item(), grad
+
+    trainer.prompt_loss_sample = 1.0
+    full_loss, full_grad = loss_and_grad()
+    assert positions.pop() == len(weights)
+    trainer.prompt_loss_sample = 0.25
+    torch.manual_seed(0)
+    draws = [loss_and_grad() for _ in range(400)]
+    losses = torch.tensor([loss for loss, _ in draws])
+    mean_grad = torch.stack([grad for _, grad in draws]).mean(0)
+    assert losses.std() > 0.01 * full_loss  # a draw is not the full loss...
+    assert losses.mean().item() == pytest.approx(full_loss, rel=0.02)  # ...their mean is
+    assert torch.nn.functional.cosine_similarity(mean_grad, full_grad, dim=0) > 0.99
+    assert mean_grad.norm().item() == pytest.approx(full_grad.norm().item(), rel=0.05)
+    completion, prompt = int(is_completion.sum()), int((~is_completion).sum())
+    mean_positions = sum(positions) / len(positions)
+    assert mean_positions == pytest.approx(completion + 0.25 * prompt, rel=0.05)
+
+
 def _varied_rows(path, n=128):
     """SFT rows whose prompts run from a few to ~60 tokens: batches of mixed lengths pad."""
     rows = [
