@@ -380,6 +380,16 @@ def test_a_sampled_prompt_loss_is_the_weighted_loss_on_average_at_fewer_output_p
     assert mean_positions == pytest.approx(completion + 0.25 * prompt, rel=0.05)
 
 
+def test_a_prompt_loss_sample_at_full_weight_still_gets_the_sampling_trainer():
+    """prompt_loss_weight 1.0 alone is TRL's own loss; with prompt_loss_sample < 1 the
+    sampling trainer must run, or the setting would be silently ignored."""
+    from sqlrl.train.sft import _trainer_class, _weighted_loss_trainer_class
+
+    trainer_class, extra = _trainer_class(_params(prompt_loss_weight=1.0, prompt_loss_sample=0.5))
+    assert trainer_class.__name__ == _weighted_loss_trainer_class().__name__
+    assert extra == {"prompt_loss_weight": 1.0, "prompt_loss_sample": 0.5}
+
+
 def _varied_rows(path, n=128):
     """SFT rows whose prompts run from a few to ~60 tokens: batches of mixed lengths pad."""
     rows = [

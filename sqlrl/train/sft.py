@@ -275,9 +275,12 @@ def check_rows_fit(rows_in: int, prepared_lengths: list[int], max_length: int) -
 
 
 def _weighted_prompt_loss(params: SftParams, tool_turns: bool = False) -> bool:
-    """The prompt is trained on with a weight below a completion token's; or, with tool turns,
-    at any weight: TRL's assistant_only_loss would leave the prompt out of the loss."""
-    return not params.completion_only_loss and (params.prompt_loss_weight < 1.0 or tool_turns)
+    """The prompt is trained on with a weight below a completion token's or on a sample of its
+    tokens; or, with tool turns, at any weight: TRL's assistant_only_loss would leave the prompt
+    out of the loss."""
+    return not params.completion_only_loss and (
+        params.prompt_loss_weight < 1.0 or params.prompt_loss_sample < 1.0 or tool_turns
+    )
 
 
 class PaddingCounter:
