@@ -374,12 +374,14 @@ class Params:
 
     def __post_init__(self):
         """What needs two sections: each step's split over launch.num_processes, a chat
-        template with tools for the agent rollout, a vLLM context that holds the longest
-        prompt prepare may write plus a completion, and no training set that is also an
-        evaluation set."""
+        template with tools for the agent rollout, agent rollouts whose vLLM generation is
+        not a collective across processes, a vLLM context that holds the longest prompt
+        prepare may write plus a completion, and no training set that is also an evaluation
+        set."""
         world = self.launch.num_processes
         self.sft.per_process(world)
         self.grpo.per_process(world)
+        self._check_agent_vllm(world)
         if (
             self.grpo.rollout == "agent"
             and self.base.source == "scratch"
@@ -403,6 +405,30 @@ class Params:
                     f"prepare.extra_train_sets.{name} trains on {spec.questions}, which "
                     f"eval.sets.{measured[spec.questions]} evaluates"
                 )
+
+    def _check_agent_vllm(self, world: int) -> None:
+        """TRL 1.16's tool loop runs as many turns on each process as its own rollouts call
+        tools for, so the processes' turn counts differ; a vLLM generation that every process
+        must join (a gather of the prompts in server mode, an all-gather over the tensor
+        parallel group in colocate) then waits forever for a process that has stopped."""
+        g = self.grpo
+        if world == 1 or g.rollout != "agent" or not g.use_vllm:
+            return
+        if g.vllm_mode == "server":
+            how = "grpo.vllm_mode server gathers every process's prompts for each turn"
+        elif g.vllm_tensor_parallel_size > 1:
+            how = (
+                f"grpo.vllm_tensor_parallel_size {g.vllm_tensor_parallel_size} gathers its "
+                "group's prompts for each turn"
+            )
+        else:
+            return
+        raise ParamsError(
+            f"grpo.rollout agent with vLLM would hang under launch.num_processes {world}: "
+            f"{how}, and each process runs as many tool turns as its own rollouts need. Use "
+            "launch.num_processes 1, or grpo.vllm_mode colocate with "
+            "grpo.vllm_tensor_parallel_size 1"
+        )
 
 
 _PARAMS = TypeAdapter(Params)

@@ -13,6 +13,11 @@ touches only the object it must and is undone when its `with` block ends.
 - timed_rollouts: the seconds GRPO spends generating and scoring (no public hook times it).
 - left_padded_position_ids: the position ids transformers gives a left-padded prompt, so a
   KV cache computed outside `generate` holds the keys `generate` would compute.
+- vllm_cpu_keeps_linear_weights: vLLM's CPU build repacks each linear layer's weights for its
+  own GEMM kernels and drops the originals, so a colocated engine cannot take TRL's weight
+  sync; keep them in place (on a CPU build only; the GPU path is unchanged).
+- per_turn_completion_budget: TRL's tool loop asks each turn for the whole
+  max_completion_length and trims afterwards; ask for what the episode has left.
 """
 
 from __future__ import annotations
@@ -24,7 +29,8 @@ from contextlib import contextmanager
 
 from sqlrl.errors import PipelineError
 
-WRITTEN_FOR = {"trl": ("1.16",), "transformers": ("5.17",)}  # major.minor releases checked
+# major.minor releases checked
+WRITTEN_FOR = {"trl": ("1.16",), "transformers": ("5.17",), "vllm": ("0.32",)}
 
 
 class UnsupportedVersion(PipelineError, RuntimeError):
@@ -33,7 +39,7 @@ class UnsupportedVersion(PipelineError, RuntimeError):
 
 def require_written_for(package: str) -> str:
     """The installed version of `package`, when a release the patches were written for."""
-    version = importlib.metadata.version(package)
+    version = _installed_version(package)
     if ".".join(version.split(".")[:2]) not in WRITTEN_FOR[package]:
         raise UnsupportedVersion(
             f"sqlrl/patches.py was written for {package} "
@@ -42,6 +48,16 @@ def require_written_for(package: str) -> str:
             f"sqlrl/patches.py against {package} {version} and add it to WRITTEN_FOR"
         )
     return version
+
+
+def _installed_version(package: str) -> str:
+    """The version of the installed module `package`: vLLM's CPU build is the distribution
+    `vllm-cpu`, so its version is read from the module, not the distribution's name."""
+    if package == "vllm":
+        import vllm
+
+        return vllm.__version__
+    return importlib.metadata.version(package)
 
 
 @contextmanager
@@ -139,3 +155,108 @@ def left_padded_position_ids(attention_mask):
     padding. A KV cache prefilled with these matches the one generate would compute."""
     require_written_for("transformers")
     return (attention_mask.long().cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+
+
+@contextmanager
+def vllm_cpu_keeps_linear_weights():
+    """For the block (building a colocated vLLM engine): on vLLM's CPU build, every unquantized
+    linear layer keeps its `weight` as loaded. vLLM 0.32's
+    `UnquantizedLinearMethod.process_weights_after_loading` otherwise prepacks the weight for
+    oneDNN (or sgl-kernel) and replaces it with an empty parameter, so the next
+    `model.load_weights` (TRL's weight sync after every step) fails with "'Parameter' object
+    has no attribute 'weight_loader'". The layer then multiplies with torch's F.linear on the
+    live weight: the flag vLLM sets for MLA's kv_b_proj (`_cpu_skip_gemm_dispatch`), set on
+    every layer. A GPU build, or no vLLM, is left untouched."""
+    try:
+        from vllm.platforms import current_platform
+    except ImportError:
+        yield
+        return
+    if not current_platform.is_cpu():
+        yield
+        return
+    require_written_for("vllm")
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    own = UnquantizedLinearMethod.process_weights_after_loading
+
+    @functools.wraps(own)
+    def keep_weights(self, layer):
+        layer._cpu_skip_gemm_dispatch = True
+        return own(self, layer)
+
+    UnquantizedLinearMethod.process_weights_after_loading = keep_weights
+    try:
+        yield
+    finally:
+        UnquantizedLinearMethod.process_weights_after_loading = own
+
+
+@contextmanager
+def per_turn_completion_budget(trainer):
+    """For the block: each turn after a tool result asks the generator for what is left of
+    max_completion_length, not all of it. TRL 1.16's `_tool_call_loop` calls
+    `_generate_single_turn` per turn, which asks for max_completion_length new tokens
+    (`generation_config.max_new_tokens`, vLLM's `max_tokens`), and only afterwards trims the
+    turn to what the episode has left: a turn that does not stop generated up to the whole
+    budget again to keep a part of it. A turn is one call for its batch, so it asks the most any
+    of its samples has left; TRL still trims each sample to its own, as before (tested through
+    the trainer: tests/test_grpo_agent.py on transformers, tests/test_agent_budget.py on vLLM).
+
+    Only where a call generates for this process's prompts alone (transformers, a colocated
+    engine without tensor parallelism, one process): a shared engine generates for prompts
+    whose budgets this process does not know, and keeps TRL's whole-budget ask."""
+    require_written_for("trl")
+    loop_name, turn_name = "_tool_call_loop", "_generate_single_turn"
+    own_loop, own_turn = getattr(trainer, loop_name, None), getattr(trainer, turn_name, None)
+    if own_loop is None or own_turn is None:
+        raise UnsupportedVersion(f"{type(trainer).__name__} has no {loop_name}/{turn_name}")
+    if not trainer.use_vllm:
+        holder, field = trainer.generation_config, "max_new_tokens"
+    elif trainer.accelerator.num_processes == 1 or (
+        trainer.vllm_generation.mode == "colocate"
+        and trainer.vllm_generation.tensor_parallel_size == 1
+    ):
+        holder, field = trainer.vllm_generation, "max_completion_length"
+    else:
+        yield
+        return
+    loop_prompts = []  # the prompt ids of the running loop, for its turns
+
+    @functools.wraps(own_loop)
+    def loop(prompts, prompt_ids, *args, **kwargs):
+        loop_prompts.append(prompt_ids)
+        try:
+            return own_loop(prompts, prompt_ids, *args, **kwargs)
+        finally:
+            loop_prompts.pop()
+
+    @functools.wraps(own_turn)
+    def turn(sequences, *args, **kwargs):
+        if not loop_prompts:  # the first turn: the whole budget is left
+            return own_turn(sequences, *args, **kwargs)
+        left = _budget_left(sequences, loop_prompts[-1], trainer.max_completion_length)
+        with _instance_attribute(holder, field, left):
+            return own_turn(sequences, *args, **kwargs)
+
+    with (
+        _instance_attribute(trainer, loop_name, loop),
+        _instance_attribute(trainer, turn_name, turn),
+    ):
+        yield
+
+
+def _budget_left(sequences, prompt_ids, budget: int) -> int:
+    """The most completion tokens any of `sequences` (a prompt, then what the episode has
+    generated and the tool results) may still add, at least 1 (a generator asks for one or
+    more). A sequence's prompt is the longest of `prompt_ids` it starts with: were two to
+    match, the longer leaves more, so no sample is asked for less than it has left; one that
+    matches none is left the whole budget."""
+    known = {tuple(ids) for ids in prompt_ids}
+    lengths = sorted({len(ids) for ids in prompt_ids}, reverse=True)
+
+    def used(sequence) -> int:
+        prompt = next((n for n in lengths if tuple(sequence[:n]) in known), len(sequence))
+        return len(sequence) - prompt
+
+    return max(1, budget - min(used(s) for s in sequences))

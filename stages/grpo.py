@@ -9,7 +9,7 @@ from sqlrl.jsonio import read_jsonl, write_json
 from sqlrl.params import load_params
 from sqlrl.train.grpo import train_grpo
 from sqlrl.train.grpo_prompts import ROW_KEYS
-from sqlrl.train.launch import is_main_process
+from sqlrl.train.launch import check_one_process_per_gpu, is_main_process
 from sqlrl.train.rewards import reward_functions
 from stages import stage_main
 
@@ -26,6 +26,7 @@ def arguments(parser) -> None:
 
 def main(args) -> int:
     params = load_params(args.params)
+    check_one_process_per_gpu()
     rows = read_jsonl(args.prompts, ROW_KEYS)
     metrics = train_grpo(
         params.grpo,

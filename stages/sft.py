@@ -8,7 +8,7 @@ import sys
 from sqlrl.data.prompt_settings import write_prompt_settings
 from sqlrl.jsonio import write_json
 from sqlrl.params import load_params
-from sqlrl.train.launch import is_main_process
+from sqlrl.train.launch import check_one_process_per_gpu, is_main_process
 from sqlrl.train.sft import train_sft
 from stages import stage_main
 
@@ -24,6 +24,7 @@ def arguments(parser) -> None:
 
 def main(args) -> int:
     params = load_params(args.params)
+    check_one_process_per_gpu()
     metrics = train_sft(
         params.sft,
         params.seed,

@@ -111,16 +111,26 @@ def grpo_rows(spider_dir: Path, examples) -> list[dict]:
     ]
 
 
-def save_tiny_qwen(path: Path) -> Path:
+def department_rows(spider_dir: Path, n: int = 4) -> list[dict]:
+    """The first `n` department_management training questions as prepare writes GRPO rows
+    (the agent tests' probe, `SELECT count(*) FROM head`, answers 10 there)."""
+    from sqlrl.data.spider import load_examples, load_schemas
+
+    schemas = load_schemas(spider_dir / "tables.json")
+    examples = load_examples(spider_dir / "train_spider.json", schemas)
+    return grpo_rows(spider_dir, [e for e in examples if e.db_id == "department_management"][:n])
+
+
+def save_tiny_qwen(path: Path, head_dim: int = 8) -> Path:
     """A tiny random Qwen2 on Qwen2.5's real tokenizer and chat template (the one with tool
     calls) saved in `path`: for tests of the agent format, where the template and the tokens
-    must be real and the weights need not be."""
+    must be real and the weights need not be. vLLM's CPU attention takes head_dim 32 or more."""
     from sqlrl.model.modeling import build_scratch_model
     from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer
     from sqlrl.params import ArchitectureParams
 
     architecture = ArchitectureParams(
-        hidden_size=32,
+        hidden_size=4 * head_dim,
         intermediate_size=64,
         num_hidden_layers=1,
         num_attention_heads=4,

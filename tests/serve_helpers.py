@@ -89,16 +89,16 @@ def save_prompt_settings(model_dir, settings: PromptSettings) -> None:
     write_prompt_settings(model_dir, prepare, settings.schema_repair)
 
 
-def train_served_model(path: Path) -> Path:
-    """A tiny model trained until it answers PAIRS exactly (greedy), saved like models/final
-    in `path`."""
+def train_served_model(path: Path, arch=None) -> Path:
+    """A tiny model (`arch`, else tiny_arch()) trained until it answers PAIRS exactly (greedy),
+    saved like models/final in `path`."""
     from sqlrl.data.prompts import render_prompt
     from sqlrl.model.modeling import build_scratch_model, to_transformers_tokenizer, train_tokenizer
 
     builder = PromptBuilder(SETTINGS, SPIDER_DIR)
     messages = [builder.messages(q, db_id="concert_singer") for q, _ in PAIRS]
     texts = [m["content"] for ms in messages for m in ms] + [sql for _, sql in PAIRS]
-    arch = tiny_arch()
+    arch = arch or tiny_arch()
     tokenizer = to_transformers_tokenizer(train_tokenizer(texts * 5, arch.vocab_size))
     model = build_scratch_model(arch, tokenizer, seed=0)
     seqs = [

@@ -239,14 +239,14 @@ def test_sampling_is_temperature_only_whatever_the_checkpoint_says(hostile, prom
 
 # --------------------------------------------------------------------------- vLLM stand-in
 
-# vLLM 0.31.0's SamplingParams (vllm/sampling_params.py): its public fields and defaults
+# vLLM 0.32.0's SamplingParams (vllm/sampling_params.py): its public fields and defaults
 VLLM_SAMPLING_DEFAULTS = dict(
     n=1,
     presence_penalty=0.0,
     frequency_penalty=0.0,
     repetition_penalty=1.0,
     temperature=1.0,
-    watermarking=True,
+    watermarking=None,  # None (0.32; True in 0.31) applies the engine's watermark
     top_p=1.0,
     top_k=0,
     min_p=0.0,
@@ -302,6 +302,7 @@ VLLM_DECODING_FIELDS = {
     "structured_outputs",
     "repetition_detection",
     "thinking_token_budget",
+    "trace_decode_token_ids",
     "watermarking",
     "include_stop_str_in_output",
     "skip_special_tokens",
@@ -320,7 +321,7 @@ VLLM_FROM_CHECKPOINT = (
 
 
 class _FakeSamplingParams:
-    """SamplingParams as vLLM 0.31 builds it: keyword fields with its defaults (a misspelt
+    """SamplingParams as vLLM 0.32 builds it: keyword fields with its defaults (a misspelt
     field is a TypeError), range checks, and greedy (temperature < 1e-5) resetting
     top_p/top_k/min_p. `explicit` records what the caller set."""
 
@@ -481,6 +482,28 @@ def test_vllm_gets_every_decoding_setting_and_no_checkpoint_defaults(hostile, fa
         sampled.repetition_penalty,
         sampled.max_tokens,
     ) == (4, 0.9, 11, 1.0, 0, 0.0, 1.0, 20)
+
+
+@pytest.mark.vllm
+def test_the_stand_in_is_the_installed_vllms_sampling_params():
+    """The stand-in's fields and defaults are those of the vLLM installed (`pytest -m vllm`: the
+    CPU build, the same Python source as requirements-gpu.txt's vLLM), so a vLLM upgrade that
+    adds, drops or changes a field fails here; and the real SamplingParams takes every setting."""
+    vllm = pytest.importorskip("vllm")
+    import msgspec
+
+    declared = {
+        f.name: f.default
+        for f in msgspec.structs.fields(vllm.SamplingParams)
+        if not f.name.startswith("_") and f.name != "output_text_buffer_length"  # set by vLLM
+    }
+    declared["output_kind"] = declared["output_kind"].name
+    assert declared == VLLM_SAMPLING_DEFAULTS
+    greedy = vllm.SamplingParams(**gen.vllm_sampling_settings(1, 0.0, 20, [7]))
+    assert (greedy.temperature, greedy.top_k, greedy.stop_token_ids) == (0.0, 0, [7])
+    assert greedy.watermarking is False and greedy.trace_decode_token_ids is None
+    sampled = vllm.SamplingParams(**gen.vllm_sampling_settings(4, 0.9, 20, [7], seed=11))
+    assert (sampled.n, sampled.temperature, sampled.seed, sampled.top_p) == (4, 0.9, 11, 1.0)
 
 
 def test_vllm_not_used_when_the_profile_says_no(tiny, fake_vllm):

@@ -19,20 +19,16 @@ import json
 import pytest
 import torch
 
-from sqlrl.data.spider import load_examples, load_schemas
 from sqlrl.train.grpo import train_grpo
 from sqlrl.train.rewards import reward_functions
-from tests.repo_tools import fixed_params, grpo_rows, save_tiny_qwen
+from tests.repo_tools import department_rows, fixed_params, save_tiny_qwen
 
 PROBE = "SELECT count(*) FROM head"
 
 
 @pytest.fixture(scope="module")
 def rows(spider_dir):
-    """Four department_management questions as prepare writes GRPO rows."""
-    schemas = load_schemas(spider_dir / "tables.json")
-    examples = load_examples(spider_dir / "train_spider.json", schemas)
-    return grpo_rows(spider_dir, [e for e in examples if e.db_id == "department_management"][:4])
+    return department_rows(spider_dir)
 
 
 @pytest.fixture(scope="module")
@@ -40,17 +36,22 @@ def tiny_qwen(tmp_path_factory):
     return save_tiny_qwen(tmp_path_factory.mktemp("sft_qwen"))
 
 
-def scripted_generate(tokenizer, rows, transcripts):
+def scripted_generate(tokenizer, rows, transcripts, turns=None):
     """A `generate` for the test: per row of the batch, a tool call when the conversation has
-    no tool result yet, else the gold SQL of the question the prompt asks."""
+    no tool result yet, else the gold SQL of the question the prompt asks. `turns` (a list)
+    gets, per call, the max_new_tokens it asked for and each row's text and token count."""
     golds = {r["question"]: r["gold_sql"] for r in rows}
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
 
     def generate(self, input_ids=None, attention_mask=None, **kwargs):
         replies = []
+        if turns is not None:
+            turns.append((kwargs["generation_config"].max_new_tokens, []))
         for ids, mask in zip(input_ids, attention_mask, strict=True):
             text = tokenizer.decode(ids[mask.bool()])
             transcripts.append(text)
+            if turns is not None:
+                turns[-1][1].append((text, int(mask.sum())))
             if "<tool_response>" not in text:
                 call = {"name": "execute_sql", "arguments": {"query": PROBE}}
                 reply = f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
@@ -63,6 +64,31 @@ def scripted_generate(tokenizer, rows, transcripts):
         return torch.cat([input_ids, tail.to(input_ids.device)], dim=1)
 
     return generate
+
+
+def train_one_agent_step(rows, model, spider_dir, tmp_path, max_completion_length=128):
+    """The grpo stage's train_grpo, agent format: one step of 2 questions x 2 completions."""
+    params = fixed_params("grpo.rollout=agent", "base.tokenizer=qwen2.5").grpo
+    params = dataclasses.replace(
+        params,
+        steps=1,
+        batch_size=4,
+        prompts_per_step=2,
+        num_generations=2,
+        max_completion_length=max_completion_length,
+        save_steps=100,
+    )
+    return train_grpo(
+        params,
+        0,
+        model,
+        rows,
+        tmp_path / "adapter",
+        reward_functions(params, spider_dir),
+        checkpoint_dir=tmp_path / "ckpt",
+        dvclive_dir=None,
+        torch_threads=1,
+    )
 
 
 def test_a_tool_call_runs_in_the_environment_and_its_result_is_masked_from_the_loss(
@@ -83,27 +109,7 @@ def test_a_tool_call_runs_in_the_environment_and_its_result_is_masked_from_the_l
         return own_compute_loss(self, model, inputs, *args, **kwargs)
 
     monkeypatch.setattr(trl.GRPOTrainer, "compute_loss", recording_compute_loss)
-    params = fixed_params("grpo.rollout=agent", "base.tokenizer=qwen2.5").grpo
-    params = dataclasses.replace(
-        params,
-        steps=1,
-        batch_size=4,
-        prompts_per_step=2,
-        num_generations=2,
-        max_completion_length=128,
-        save_steps=100,
-    )
-    metrics = train_grpo(
-        params,
-        0,
-        tiny_qwen,
-        rows,
-        tmp_path / "adapter",
-        reward_functions(params, spider_dir),
-        checkpoint_dir=tmp_path / "ckpt",
-        dvclive_dir=None,
-        torch_threads=1,
-    )
+    metrics = train_one_agent_step(rows, tiny_qwen, spider_dir, tmp_path)
     # the prompt offered the tool (TRL rendered its schema from execute_sql's docstring)
     first = transcripts[0]
     assert '"name": "execute_sql"' in first and "<tools>" in first
@@ -128,3 +134,28 @@ def test_a_tool_call_runs_in_the_environment_and_its_result_is_masked_from_the_l
         assert "<tool_response>" not in trained and "count(*)\n10" not in trained
         assert "<tool_response>\n(1 row)\ncount(*)\n10\n</tool_response>" in masked
         assert "execute_sql" not in masked and "SELECT" not in masked
+
+
+def test_the_turn_after_a_tool_result_asks_only_for_the_budget_left(
+    rows, tiny_qwen, spider_dir, tmp_path, monkeypatch
+):
+    """TRL 1.16 asks every turn of the tool loop for the whole max_completion_length and trims
+    the turn afterwards; the stage asks the turn after a tool result for what its episode has
+    left (sqlrl.patches.per_turn_completion_budget): the budget less the call and the result."""
+    from transformers import AutoTokenizer, Qwen2ForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_qwen)
+    turns = []
+    monkeypatch.setattr(Qwen2ForCausalLM, "generate", scripted_generate(tokenizer, rows, [], turns))
+    metrics = train_one_agent_step(rows, tiny_qwen, spider_dir, tmp_path, 128)
+    assert metrics["tool_calls_per_episode"] == 1.0 and metrics["final_mean_reward"] == 1.0
+    (first_asked, first), (second_asked, second) = turns
+    assert first_asked == 128 and len(first) == len(second) == 4
+    prompt_tokens = dict(first)
+    left = []
+    for text, length in second:
+        (prompt,) = [p for p in prompt_tokens if text.startswith(p)]
+        left.append(128 - (length - prompt_tokens[prompt]))  # less the call and its result
+    # every episode made the same call and got the same result: one budget left for the turn
+    assert len(set(left)) == 1 and 0 < left[0] < 100
+    assert second_asked == left[0]

@@ -31,6 +31,14 @@ def _grpo(*overrides: str, profile: str = "smoke"):
 
 
 @pytest.fixture
+def a_gpu(monkeypatch):
+    """The trainer on a CUDA machine, as server mode needs (its weight sync is NCCL's)."""
+    import sqlrl.train.grpo
+
+    monkeypatch.setattr(sqlrl.train.grpo, "_cuda", lambda: True)
+
+
+@pytest.fixture
 def vllm_installed(monkeypatch):
     """vllm_available() true without vLLM: GRPOConfig itself never imports it."""
     import sqlrl.model.generate
@@ -119,7 +127,9 @@ def test_every_profile_looks_for_the_server_on_this_machine():
         assert _grpo(profile=profile).vllm_server_host in ("127.0.0.1", "localhost", "::1")
 
 
-def test_the_check_passes_against_a_server_with_trls_endpoints(serve, vllm_installed, caplog):
+def test_the_check_passes_against_a_server_with_trls_endpoints(
+    serve, vllm_installed, a_gpu, caplog
+):
     caplog.set_level("INFO", logger="sqlrl")
     server = serve(world_size=2)
     params = _grpo(
@@ -175,7 +185,7 @@ def test_no_server_fails_at_the_timeout_naming_it_and_how_to_start_it(monkeypatc
 
 
 def test_the_grpo_stage_prints_a_missing_server_as_one_line(
-    tmp_path, monkeypatch, capsys, vllm_installed
+    tmp_path, monkeypatch, capsys, vllm_installed, a_gpu
 ):
     monkeypatch.chdir(tmp_path)  # the stage lock lives under the working directory
     params = _grpo(
@@ -187,7 +197,20 @@ def test_the_grpo_stage_prints_a_missing_server_as_one_line(
     assert err.startswith("grpo: no vLLM server answered at 127.0.0.1:") and "\n" not in err
 
 
-def test_server_mode_without_vllm_on_the_trainer_is_an_error(tmp_path, monkeypatch):
+def test_server_mode_on_a_trainer_without_cuda_is_refused_before_the_model_loads(
+    vllm_installed, monkeypatch
+):
+    """TRL 1.16's VLLMClient.init_communicator refuses a non-CUDA device ("Weight
+    synchronization runs on vLLM's NCCL weight-transfer engine, which needs a CUDA device"),
+    but only after the model has loaded and the server was reached: say so first."""
+    import sqlrl.train.grpo
+
+    monkeypatch.setattr(sqlrl.train.grpo, "_cuda", lambda: False)
+    with pytest.raises(PipelineError, match="needs a CUDA device.*vllm_mode colocate"):
+        check_vllm_server(_grpo(*SERVER_MODE))
+
+
+def test_server_mode_without_vllm_on_the_trainer_is_an_error(tmp_path, monkeypatch, a_gpu):
     """TRL's client needs vLLM on the trainer side (weight sync over its NCCL engine): no
     silent fallback to transformers rollouts while a server waits."""
     monkeypatch.setitem(sys.modules, "vllm", None)  # `import vllm` fails

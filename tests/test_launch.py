@@ -8,7 +8,13 @@ import sys
 import pytest
 
 from sqlrl.params import LaunchParams
-from sqlrl.train.launch import accelerate_command, is_main_process, world_size
+from sqlrl.train.launch import (
+    accelerate_command,
+    check_one_process_per_gpu,
+    is_main_process,
+    world_size,
+)
+from tests.repo_tools import REPO_ROOT
 
 RANK_VARIABLES = ("LOCAL_RANK", "RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 
@@ -92,3 +98,51 @@ def test_a_launched_rank_runs_without_the_stage_lock_its_launcher_holds(single, 
         assert run_stage("sft", lambda: 7) == 7  # a rank of the launched group: runs
     finally:
         held.close()
+
+
+STAGE_FLAGS = {
+    "sft": ("base", "data", "out", "checkpoints", "metrics", "dvclive"),
+    "grpo": ("model", "prompts", "spider", "out", "checkpoints", "metrics", "dvclive"),
+}
+
+
+def _gpus(monkeypatch, count: int):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+
+
+@pytest.mark.parametrize("stage", ["sft", "grpo"])
+def test_one_process_that_sees_several_gpus_is_refused_before_training(
+    single, tmp_path, capsys, stage
+):
+    """launch.num_processes: 1 on an 8-GPU machine: transformers would wrap SFT in
+    nn.DataParallel (8x the rows per step) and TRL refuse GRPO hours later. The stage stops
+    at once instead, in one line saying what to set."""
+    import importlib
+
+    from stages import stage_main
+
+    module = importlib.import_module(f"stages.{stage}")
+    _gpus(single, 8)
+    single.setattr(module, f"train_{stage}", lambda *a, **k: pytest.fail("training started"))
+    single.chdir(tmp_path)  # the stage lock's folder
+    argv = ["--params", str(REPO_ROOT / "params.yaml")]
+    for flag in STAGE_FLAGS[stage]:
+        argv += [f"--{flag}", str(tmp_path / flag)]
+    assert stage_main(stage, module.main, module.arguments, argv=argv) == 1
+    error = capsys.readouterr().err.strip()
+    assert error.startswith(f"{stage}: 8 GPUs are visible to one training process")
+    assert "launch.num_processes to 8" in error and "CUDA_VISIBLE_DEVICES" in error
+    assert "\n" not in error
+
+
+def test_one_gpu_or_one_process_per_gpu_trains(single):
+    _gpus(single, 1)
+    check_one_process_per_gpu()
+    _gpus(single, 0)
+    check_one_process_per_gpu()
+    _gpus(single, 8)
+    _rank(single, 3, 8)  # a rank of launch.num_processes: 8
+    check_one_process_per_gpu()

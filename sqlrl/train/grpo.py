@@ -26,10 +26,17 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from sqlrl.errors import PipelineError
 from sqlrl.hardware import resolve_bf16, set_torch_threads
 from sqlrl.outputs import save_atomically
 from sqlrl.params import GrpoParams
-from sqlrl.patches import completion_logits_only_on_cpu, shared_prompt_prefill, timed_rollouts
+from sqlrl.patches import (
+    completion_logits_only_on_cpu,
+    per_turn_completion_budget,
+    shared_prompt_prefill,
+    timed_rollouts,
+    vllm_cpu_keeps_linear_weights,
+)
 from sqlrl.progress import trainer_progress
 from sqlrl.train.checkpoints import (
     dvclive_callback,
@@ -92,6 +99,7 @@ def grpo_config(params: GrpoParams, seed: int, output_dir: str, world_size: int 
     from trl import GRPOConfig
 
     batch, accumulation = params.per_process(world_size)
+    vllm = use_vllm(params)
     return GRPOConfig(
         output_dir=output_dir,
         max_steps=params.steps,
@@ -113,7 +121,11 @@ def grpo_config(params: GrpoParams, seed: int, output_dir: str, world_size: int 
         scale_rewards=params.scale_rewards,
         num_iterations=params.num_iterations,
         reward_weights=reward_weight_list(params),
-        use_vllm=use_vllm(params),
+        use_vllm=vllm,
+        # With vLLM, TRL computes the policy's log-probs of each rollout in a separate pass and
+        # weighs the loss by exp(policy - vLLM) (its importance-sampling correction). LoRA
+        # dropout in that pass makes the weights noise: off (docs/rollouts.md has the measure).
+        disable_dropout=vllm,
         vllm_mode=params.vllm_mode,
         vllm_server_host=params.vllm_server_host,
         vllm_server_port=params.vllm_server_port,
@@ -167,6 +179,13 @@ def check_vllm_server(params: GrpoParams) -> int | None:
     rollouts do not use a server."""
     if not (params.use_vllm and params.vllm_mode == "server"):
         return None
+    if not _cuda():
+        raise PipelineError(
+            "grpo.vllm_mode server needs a CUDA device: TRL 1.16 pushes the policy's weights to "
+            "the vLLM server over NCCL (\"Weight synchronization runs on vLLM's NCCL "
+            'weight-transfer engine, which needs a CUDA device"); on a CPU use '
+            "grpo.vllm_mode colocate (vLLM's CPU build) or grpo.use_vllm false"
+        )
     require_vllm(params.vllm_server_host, params.vllm_server_port)
     workers = wait_for_server(
         params.vllm_server_host, params.vllm_server_port, params.vllm_server_timeout_s
@@ -230,6 +249,7 @@ def summarize_log(history: list[dict], timer: StepTimer, steps: int, wall_s: flo
 
     losses = [h["loss"] for h in logged if "loss" in h]
     return {
+        **importance_sampling_summary(logged),
         "steps": steps,
         "logged_steps": len(logged),
         "first_mean_reward": round(statistics.fmean(rewards[:window]), 4) if rewards else None,
@@ -246,6 +266,37 @@ def summarize_log(history: list[dict], timer: StepTimer, steps: int, wall_s: flo
             "reward": round(timer.reward_s / max(steps, 1), 3),
             "update": round((wall_s - timer.rollout_s) / max(steps, 1), 3),
         },
+    }
+
+
+IS_KEY = "sampling/importance_sampling_ratio/"
+LOGP_KEY = "sampling/sampling_logp_difference/"
+
+
+def importance_sampling_summary(logged: list[dict]) -> dict:
+    """TRL's importance-sampling statistics over the run, where rollouts came from vLLM (TRL
+    logs them only then; nothing otherwise): how far vLLM's log-probs of its own samples were
+    from the policy's (|difference| per token, mean and max) and the ratio exp(policy - vLLM)
+    TRL weighs the loss with (its min, mean and max). Near 0 and 1 when the weight sync works;
+    a stale or drifting engine shows here first."""
+    if not any(IS_KEY + "mean" in h for h in logged):
+        return {}
+
+    def values(key):
+        return [h[key] for h in logged if key in h and h[key] == h[key]]  # NaN: nothing logged
+
+    def rounded(fn, key):
+        found = values(key)
+        return round(fn(found), 6) if found else None
+
+    return {
+        "importance_sampling": {
+            "ratio_min": rounded(min, IS_KEY + "min"),
+            "ratio_mean": rounded(statistics.fmean, IS_KEY + "mean"),
+            "ratio_max": rounded(max, IS_KEY + "max"),
+            "logp_difference_mean": rounded(statistics.fmean, LOGP_KEY + "mean"),
+            "logp_difference_max": rounded(max, LOGP_KEY + "max"),
+        }
     }
 
 
@@ -288,22 +339,25 @@ def train_grpo(
     args = grpo_config(params, seed, str(checkpoint_dir), world_size())
     factory, episodes = agent_environment(params)
     agent = {"environment_factory": factory} if factory is not None else {}
-    trainer = GRPOTrainer(
-        model=model,
-        reward_funcs=[timer.wrap_reward(f) for f in reward_funcs],
-        args=args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        peft_config=lora_config(params.lora),
-        callbacks=callbacks,
-        **agent,
-    )
+    with vllm_cpu_keeps_linear_weights():  # the colocated engine is built here; a no-op on GPUs
+        trainer = GRPOTrainer(
+            model=model,
+            reward_funcs=[timer.wrap_reward(f) for f in reward_funcs],
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            peft_config=lora_config(params.lora),
+            callbacks=callbacks,
+            **agent,
+        )
     reseed_after_vllm_engine(trainer, seed)
     with contextlib.ExitStack() as patched:  # sqlrl/patches.py: what each one does and why
         patched.enter_context(timed_rollouts(trainer, timer.add_rollout))
         patched.enter_context(completion_logits_only_on_cpu())
         if not args.use_vllm:
             patched.enter_context(shared_prompt_prefill(trainer.model))
+        if params.rollout == "agent":
+            patched.enter_context(per_turn_completion_budget(trainer))
         start = time.perf_counter()
         trainer.train(resume_from_checkpoint=resume_from)
         wall = time.perf_counter() - start

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
+from sqlrl.errors import PipelineError
 from sqlrl.params import LaunchParams
 
 
@@ -34,6 +35,31 @@ def wait_for_everyone() -> None:
 
         # the state the Trainer will share: without cpu=True a CPU rank would see one process
         PartialState(cpu=not torch.cuda.is_available()).wait_for_everyone()
+
+
+def check_one_process_per_gpu() -> None:
+    """Refuse a lone training process that sees several GPUs, before any model is loaded.
+
+    With several GPUs and no distributed launch, transformers' Trainer wraps the model in
+    nn.DataParallel over all of them: each SFT step takes that many times the rows its metrics
+    report, and TRL's GRPOTrainer then refuses to start, hours later. It refuses rather than
+    pins the process to one GPU: CUDA reads CUDA_VISIBLE_DEVICES once, when it initialises,
+    and `torch.cuda.is_available()` (stages.launch, accelerate) has done that before a stage
+    runs; and a machine's other GPUs left idle without a word is rarely what was meant.
+    """
+    if world_size() > 1:
+        return
+    import torch
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus > 1:
+        raise PipelineError(
+            f"{gpus} GPUs are visible to one training process: transformers would spread it "
+            f"over them with nn.DataParallel ({gpus}x the rows per step that the metrics say) "
+            f"and TRL refuses GRPO under it. Set launch.num_processes to {gpus} (one process "
+            f"per GPU: dvc exp run -S launch.num_processes={gpus}), or make one GPU visible "
+            f"(CUDA_VISIBLE_DEVICES=0)"
+        )
 
 
 def accelerate_command(params: LaunchParams, module: str, cuda: bool) -> list[str] | None:

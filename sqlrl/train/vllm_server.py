@@ -3,8 +3,10 @@
 TRL 1.16's VLLMClient waits for the server only after the policy model is loaded, and then
 fails with a bare ConnectionError; this checks the same endpoints first and says how to start
 the server. The server is vLLM's own (`trl vllm-serve` runs `VLLM_SERVER_DEV_MODE=1 vllm serve`
-with the flags TRL needs): GET /health answers 200 once it is up, and GET /get_world_size (a
-dev-mode endpoint) gives its tensor x data parallel workers, which the weight sync joins.
+with the flags TRL needs): GET /health answers 200 once it is up, and GET /get_world_size gives
+its tensor x pipeline x data parallel workers, which the weight sync joins. In vLLM 0.32 that
+endpoint lives in vllm/entrypoints/rl/online/api_router.py, mounted only with
+VLLM_SERVER_DEV_MODE=1 (vllm/entrypoints/launchers/api_server/routers.py): a 404 without it.
 """
 
 from __future__ import annotations
