@@ -327,6 +327,42 @@ def test_every_rollout_sampling_and_vllm_setting_comes_from_params(tmp_path, mon
     assert grpo.grpo_config(_grpo_params(min_p=0.0), 0, str(tmp_path)).min_p is None  # off
 
 
+def test_with_vllm_rollouts_dropout_is_off_and_without_it_as_before(tmp_path, monkeypatch):
+    """With vLLM, TRL scores each rollout again with the policy for its importance-sampling
+    weights exp(policy - vLLM); LoRA dropout in that pass made them noise (measured on the CPU
+    build: per-token |log-prob gap| 0.0052 with dropout 0.05, 0.0006 without;
+    docs/rollouts.md). Transformers rollouts (the CPU default) keep the adapter's dropout."""
+    import sqlrl.train.grpo as grpo
+
+    monkeypatch.setattr(grpo, "use_vllm", lambda params: params.use_vllm)  # no vLLM here
+    assert grpo.grpo_config(_grpo_params(use_vllm=True), 0, str(tmp_path)).disable_dropout
+    assert not grpo.grpo_config(_grpo_params(use_vllm=False), 0, str(tmp_path)).disable_dropout
+
+
+def test_importance_sampling_statistics_reach_the_metrics_only_where_trl_logs_them():
+    logged = [
+        {
+            "reward": 0.5,
+            "sampling/importance_sampling_ratio/min": 0.98 - i / 100,
+            "sampling/importance_sampling_ratio/mean": 1.0,
+            "sampling/importance_sampling_ratio/max": 1.01 + i / 100,
+            "sampling/sampling_logp_difference/mean": 0.001 * (i + 1),
+            "sampling/sampling_logp_difference/max": 0.004,
+        }
+        for i in range(3)
+    ]
+    summary = summarize_log(logged, StepTimer(), steps=3, wall_s=3.0)
+    assert summary["importance_sampling"] == {
+        "ratio_min": 0.96,
+        "ratio_mean": 1.0,
+        "ratio_max": 1.03,
+        "logp_difference_mean": 0.002,
+        "logp_difference_max": 0.004,
+    }
+    plain = summarize_log([{"reward": 0.5}], StepTimer(), steps=1, wall_s=1.0)
+    assert "importance_sampling" not in plain  # transformers rollouts: metrics/grpo.json as before
+
+
 def test_the_policys_frozen_weights_survive_many_weight_syncs(tiny_sft, tmp_path):
     """With vLLM, TRL pushes weights every step by merging the LoRA adapter into the frozen
     weights and unmerging it. GRPO's policy keeps those weights in fp32, where 100 cycles
