@@ -128,7 +128,8 @@ def _summary(name: str, metrics: dict) -> str:
             f"{_pct(held['ex_nontrivial'])}) EM {_pct(held['em'])} on {held['n']}"
         )
     for name, split in metrics.items():
-        if name not in ("dev", "heldout") and isinstance(split, dict) and "n" in split:
+        # an evaluation set's metrics (the decoding settings also hold an "n": vLLM's)
+        if name not in ("dev", "heldout") and isinstance(split, dict) and "ex" in split:
             maj = f", maj@{split['maj']['k']} {_pct(split['maj']['ex'])}" if "maj" in split else ""
             line += f"; {name} EX {_pct(split['ex'])}{maj} on {split['n']}"
             line += f" ({split['skipped']} skipped)"

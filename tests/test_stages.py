@@ -85,3 +85,18 @@ def test_a_second_run_of_a_running_stage_fails_at_once_naming_the_first(
         holder.wait()
     assert run_stage("grpo", lambda: ran.append("grpo") or 0) == 0
     assert ran == ["sft", "grpo"]
+
+
+def test_the_evaluate_summary_line_reads_sets_not_the_decoding_settings():
+    """vLLM's decoding settings carry an `n` (its SamplingParams field): the summary line
+    once took them for an evaluation set and the stage failed after scoring (KeyError 'ex')."""
+    from stages.evaluate import _summary
+
+    split = {"ex": 0.5, "ex_nontrivial": 0.5, "em": 0.25, "n": 4, "skipped": 0, "ex_all": 0.5}
+    metrics = {
+        "dev": {**split, "examples_per_second": 9.0},
+        "spider_dk": split,
+        "decoding": {"backend": "VLLMGenerator", "n": 1, "temperature": 0.0},
+    }
+    line = _summary("final", metrics)
+    assert "spider_dk EX 50.0% on 4" in line and "decoding" not in line
