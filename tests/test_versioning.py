@@ -8,7 +8,6 @@ from pathlib import Path
 
 import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 from tests.repo_tools import run_cli
 
@@ -25,6 +24,11 @@ VERSIONED = ("data/raw/spider", "data/prepared", "models")
 @pytest.fixture(scope="module")
 def s3_endpoint():
     """An S3-compatible server on 127.0.0.1 (ephemeral port) with the project's bucket."""
+    # imported here, not at collection: moto's flask request proxies in sys.modules break vLLM
+    # 0.32's CPU engine start in the same pytest process (its Triton-kernel rebinding scan
+    # calls hasattr on every module global: "Working outside of application context")
+    from moto.server import ThreadedMotoServer
+
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
