@@ -13,56 +13,23 @@ bounded text observation: the column names, the first `max_rows` rows and how ma
 or the error; at most `max_chars` characters. At most `max_turns` calls an episode; later ones
 are answered with an error observation (TRL also stops after max_tool_calling_iterations).
 
-Every environment in a process runs its queries through one shared executor, with at most
-`SHARED_CONNECTIONS` connections open. SQLite's heap limit is process-wide, and each open
-connection holds about 100 KB of it (lookaside, schema) plus page-cache pages only it can
-recycle; TRL keeps one environment per rollout alive (128 a GPU at the reference settings)
-and evaluation one per episode of a split, so an executor each ran the heap out within a few
-hundred episodes, and from then on calls failed as `error: ... MemoryError` observations.
+Every environment runs its queries through its thread's executor
+(sqlrl.sql.executor.default_executor, the one the server's /execute uses), not one of its own:
+SQLite's heap limit is process-wide and each open connection holds about 100 KB of it plus
+page-cache pages only it can recycle, while TRL keeps one environment per rollout alive (128 a
+GPU at the reference settings) and evaluation one per episode of a split; an executor each ran
+the heap out within a few hundred episodes, and from then on every call answered
+`error: ... MemoryError`. One executor per thread also needs no lock.
 """
 
 from __future__ import annotations
 
 import functools
-import os
-import threading
 from dataclasses import dataclass
 
-from sqlrl.sql.executor import ExecLimits, SQLExecutor, Verdict
+from sqlrl.sql.executor import ExecLimits, default_executor
 
 _CUT = " ... [cut at {n} characters]"
-SHARED_CONNECTIONS = 16  # a GRPO batch's rollouts share a few prompts, hence a few databases
-
-
-class _SharedExecutors:
-    """One SQLExecutor per ExecLimits for the whole process, built on first use.
-
-    A lock serialises the calls: an executor's connections must not be used by two threads at
-    once. TRL 1.16 calls sync tools one at a time from its training loop, so only the server
-    (one thread per agent request) ever waits, for the queries ahead of it, each of which
-    ends within its time limit.
-    """
-
-    def __init__(self):
-        self.forget()
-
-    def execute(self, limits: ExecLimits, db_path: str, query: str) -> Verdict:
-        with self.lock:
-            executor = self.executors.get(limits)
-            if executor is None:
-                executor = SQLExecutor(limits, max_connections=SHARED_CONNECTIONS)
-                self.executors[limits] = executor
-            return executor.execute(db_path, query)
-
-    def forget(self) -> None:
-        """No executor yet and a free lock; also in a forked child, which must not use the
-        parent's SQLite connections nor a lock another thread of the parent held."""
-        self.lock = threading.Lock()
-        self.executors: dict[ExecLimits, SQLExecutor] = {}
-
-
-_SHARED = _SharedExecutors()
-os.register_at_fork(after_in_child=_SHARED.forget)
 
 
 @dataclass
@@ -115,7 +82,7 @@ class SQLEnvironment:
             return self._failed(f"no more queries: at most {self.max_turns} per question")
         if not self.db_path:
             return self._failed("no database for this question")
-        verdict = _SHARED.execute(self.limits, self.db_path, query)
+        verdict = default_executor(self.limits).execute(self.db_path, query)
         if not verdict.ok:
             return self._failed(verdict.error or verdict.status)
         return self._bounded(self._table(verdict.columns, verdict.rows))
