@@ -21,6 +21,21 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("DVC_NO_ANALYTICS", "1")
 
 
+@pytest.fixture(autouse=True)
+def process_environment_restored(request):
+    """After each test of the real vLLM engine, os.environ as it was: TRL's colocated engine
+    writes RANK, WORLD_SIZE, MASTER_ADDR/PORT and VLLM_ENABLE_V1_MULTIPROCESSING=0 into the
+    process, and a later test's subprocess (a DVC stage, the rehearsal) would inherit them: a
+    rendezvous on the port this process still holds, vLLM in-process where it should not be."""
+    if request.node.get_closest_marker("vllm") is None:
+        yield
+        return
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def spider_dir():
     """The pulled Spider release (data/raw/spider). Missing data is an error, not a skip."""
