@@ -12,9 +12,17 @@ the acknowledgement is sent only after its transaction committed.
 writes the verified pairs (answers marked right, and corrections) as Spider's train format
 (a JSON list of {"db_id", "question", "query"}; sqlrl.data.spider.load_examples reads it like
 train_spider.json). Only pairs that teach something true are exported, and the command says
-why each other judgement was skipped: the latest judgement of a question on a database is
-the one that stands, the SQL must run on its database (read-only, sandboxed), and a schema
-given as DDL has no database to check it on.
+why each other judgement was skipped:
+
+- each record keeps who wrote it (`writer`: the API key's id, or "local page" for the
+  server's own playground; sqlrl.serve.trust), when, and which model answered; records with
+  no writer (stored before writers were recorded) are left out unless --include-unattributed;
+- of the judgements of one question on one database, the newest whose SQL runs stands: a
+  newer record never silently erases an older verified one (a newer one that fails to run, or
+  that marks the very same SQL wrong, is reported); the server also runs a correction before
+  it stores it and refuses one that fails;
+- the SQL must run on its database (read-only, sandboxed), and a schema given as DDL has no
+  database to check it on.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 VERDICTS = ("right", "wrong")
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the writer column
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS feedback (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -43,6 +51,7 @@ CREATE TABLE IF NOT EXISTS feedback (
     predicted_sql TEXT NOT NULL,
     verdict TEXT NOT NULL CHECK (verdict IN ('right', 'wrong')),
     corrected_sql TEXT,
+    writer TEXT,                         -- "key:<id>" or "local page"; NULL: before version 2
     CHECK ((db_id IS NULL) <> (ddl IS NULL)),
     CHECK (corrected_sql IS NULL OR verdict = 'wrong')
 )
@@ -64,6 +73,7 @@ class Judgement:
     db_id: str | None = None
     ddl: str | None = None
     corrected_sql: str | None = None
+    writer: str | None = None  # who wrote it: "key:<id>" or "local page" (sqlrl.serve.trust)
     created_at: str = ""  # set by the store when it is written
     id: int | None = None  # set by the store
 
@@ -85,8 +95,10 @@ class FeedbackStore:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with self._connection() as conn:
                 conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("BEGIN IMMEDIATE")
                 conn.execute(SCHEMA)
-                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+                upgrade(conn)
+                conn.execute("COMMIT")
         except (OSError, sqlite3.Error) as exc:
             raise FeedbackError(f"feedback database {self.path}: {exc}") from None
 
@@ -95,7 +107,10 @@ class FeedbackStore:
 
     def add(self, judgement: Judgement) -> Judgement:
         """Store one judgement in its own transaction; returns it with its id and time. When
-        this returns, the record is on disk (synchronous=FULL)."""
+        this returns, the record is on disk (synchronous=FULL). Every record names its
+        writer."""
+        if not judgement.writer:
+            raise FeedbackError("a judgement must name its writer (an API key id or the page)")
         row = asdict(judgement)
         row.update(created_at=judgement.created_at or now_utc())
         row.pop("id")
@@ -115,6 +130,21 @@ class FeedbackStore:
         with self._connection() as conn:
             rows = conn.execute(f"SELECT {', '.join(names)} FROM feedback ORDER BY id").fetchall()
         return [Judgement(**dict(zip(names, row, strict=True))) for row in rows]
+
+
+def upgrade(conn: sqlite3.Connection) -> None:
+    """Bring a feedback file written by an older version to SCHEMA_VERSION, in place: version
+    1 had no writer column (its records keep a NULL writer: unattributed)."""
+    version = conn.execute("PRAGMA user_version").fetchone()[0]
+    if version > SCHEMA_VERSION:
+        raise sqlite3.DatabaseError(
+            f"written by a newer sqlrl (schema version {version}, this one reads "
+            f"{SCHEMA_VERSION}): update sqlrl"
+        )
+    columns = {row[1] for row in conn.execute("PRAGMA table_info(feedback)")}
+    if "writer" not in columns:
+        conn.execute("ALTER TABLE feedback ADD COLUMN writer TEXT")
+    conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 
 class _Connection:
@@ -137,6 +167,9 @@ class _Connection:
 # --------------------------------------------------------------------------- export
 
 
+UNATTRIBUTED = "no recorded writer (stored before writers were recorded; --include-unattributed)"
+
+
 @dataclass
 class Skip:
     id: int
@@ -147,25 +180,6 @@ class Skip:
 def question_key(j: Judgement) -> tuple:
     """Judgements of the same question on the same database (or DDL) share a key."""
     return (j.db_id, j.ddl, unicodedata.normalize("NFC", j.question).strip())
-
-
-def latest_judgements(judgements: list[Judgement]) -> tuple[list[Judgement], list[Skip]]:
-    """The latest judgement of each question; earlier ones are superseded (a later person
-    corrected or confirmed it, and training on both would teach two answers)."""
-    latest: dict[tuple, Judgement] = {}
-    for j in judgements:  # oldest first
-        latest[question_key(j)] = j
-    kept = {j.id for j in latest.values()}
-    skipped = [
-        Skip(
-            j.id,
-            "superseded by a later judgement of the same question",
-            f"#{latest[question_key(j)].id}",
-        )
-        for j in judgements
-        if j.id not in kept
-    ]
-    return [j for j in judgements if j.id in kept], skipped
 
 
 def verified_sql(j: Judgement) -> str | None:
@@ -205,26 +219,67 @@ def pair(j: Judgement) -> dict:
     }
 
 
+def sql_key(sql: str) -> str:
+    """SQL compared as a person would (case and spacing aside)."""
+    return " ".join(sql.split()).rstrip(";").lower()
+
+
+def standing_pair(group: list[Judgement], check) -> tuple[Judgement | None, list[Skip]]:
+    """The judgement of one question that stands, and why each other one is skipped.
+
+    Newest first, the first judgement whose SQL runs (`check(j)` is None) and that no newer
+    judgement marked wrong (without a correction) stands; older ones are superseded by it. A
+    newer record that fails does not erase an older verified one: both stay in the store,
+    the failure is reported, and the older pair is exported."""
+    chosen, skipped = None, []
+    marked_wrong: dict[str, int] = {}  # SQL that a newer judgement marked wrong -> its id
+    for j in reversed(group):
+        if chosen is not None:
+            skipped.append(
+                Skip(j.id, "superseded by a later judgement of the same question", f"#{chosen.id}")
+            )
+            continue
+        skip = check(j)
+        sql = verified_sql(j)
+        if skip is None and sql_key(sql) in marked_wrong:
+            skip = Skip(j.id, "marked wrong by a later judgement", f"#{marked_wrong[sql_key(sql)]}")
+        if j.verdict == "wrong" and j.corrected_sql is None:  # a slip in a correction is not
+            marked_wrong.setdefault(sql_key(j.predicted_sql), j.id)  # a verdict on the answer
+        if skip is None:
+            chosen = j
+        else:
+            skipped.append(skip)
+    return chosen, skipped
+
+
 def verified_pairs(
-    judgements: list[Judgement], spider_dir: Path, timeout_s: float = 5.0
+    judgements: list[Judgement],
+    spider_dir: Path,
+    timeout_s: float = 5.0,
+    include_unattributed: bool = False,
 ) -> tuple[list[dict], list[Skip]]:
     """(Spider train items, skipped judgements) for `judgements`, oldest first."""
     from sqlrl.data.spider import load_schemas
     from sqlrl.sql.executor import ExecLimits, SQLExecutor
 
     schemas = load_schemas(spider_dir / "tables.json")
+    skipped: list[Skip] = []
+    by_question: dict[tuple, list[Judgement]] = defaultdict(list)
+    for j in judgements:  # oldest first
+        if j.writer is None and not include_unattributed:
+            skipped.append(Skip(j.id, UNATTRIBUTED))
+        else:
+            by_question[question_key(j)].append(j)
     executor = SQLExecutor(ExecLimits(timeout_s=timeout_s))
-    current, skipped = latest_judgements(judgements)
-    pairs = []
+    chosen = []
     try:
-        for j in current:
-            skip = check_pair(j, spider_dir, schemas, executor)
-            if skip is None:
-                pairs.append(pair(j))
-            else:
-                skipped.append(skip)
+        for group in by_question.values():
+            j, skips = standing_pair(group, lambda j: check_pair(j, spider_dir, schemas, executor))
+            chosen += [j] if j is not None else []
+            skipped += skips
     finally:
         executor.close()
+    pairs = [pair(j) for j in sorted(chosen, key=lambda j: j.id)]
     return pairs, sorted(skipped, key=lambda s: s.id)
 
 
@@ -249,11 +304,18 @@ def skip_report(skipped: list[Skip]) -> list[str]:
     return lines
 
 
-def export(db: Path, spider_dir: Path, out: Path, timeout_s: float = 5.0) -> tuple[int, list[Skip]]:
+def export(
+    db: Path,
+    spider_dir: Path,
+    out: Path,
+    timeout_s: float = 5.0,
+    include_unattributed: bool = False,
+) -> tuple[int, list[Skip]]:
     """Write the verified pairs of feedback database `db` to `out`; (pairs, skipped)."""
     if not db.is_file():
         raise FeedbackError(f"no feedback database at {db}")
-    pairs, skipped = verified_pairs(FeedbackStore(db).all(), spider_dir, timeout_s)
+    judgements = FeedbackStore(db).all()
+    pairs, skipped = verified_pairs(judgements, spider_dir, timeout_s, include_unattributed)
     write_json(out, pairs)
     return len(pairs), skipped
 
@@ -282,6 +344,11 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument(
         "--timeout-s", default=5.0, type=float, help="time limit of each query's check run"
     )
+    ex.add_argument(
+        "--include-unattributed",
+        action="store_true",
+        help="also export records that name no writer (stored before writers were recorded)",
+    )
     return parser
 
 
@@ -290,7 +357,9 @@ def main(argv=None) -> int:
 
     args = build_parser().parse_args(argv)
     try:
-        n, skipped = export(args.db, args.spider, args.out, args.timeout_s)
+        n, skipped = export(
+            args.db, args.spider, args.out, args.timeout_s, args.include_unattributed
+        )
     except (FeedbackError, SpiderDataError) as exc:
         print(f"feedback: {exc}", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+from dataclasses import asdict
 from pathlib import Path
 
 from sqlrl.data.prompt_settings import PromptSettings
@@ -231,6 +232,25 @@ class PromptBuilder:
                 "db_id",
             )
         return path
+
+    def schema_of(self, db_id: str) -> dict:
+        """The schema of database `db_id` as JSON (what a person writing SQL needs to see)."""
+        self.check_db_id(db_id, need_file=False)
+        schema = self.schemas[db_id]
+        return {
+            "db_id": db_id,
+            "tables": [
+                {
+                    "name": t.name,
+                    "columns": [
+                        {"name": c.name, "type": c.type, "primary_key": c.is_primary}
+                        for c in t.columns
+                    ],
+                }
+                for t in schema.tables
+            ],
+            "foreign_keys": [asdict(fk) for fk in schema.foreign_keys],
+        }
 
     def databases(self) -> list[dict]:
         return [

@@ -17,7 +17,9 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m stages.publish", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--repo-id", required=True, help="ORG/NAME on the Hub")
     parser.add_argument("--model", default="models/final", type=Path)
     parser.add_argument("--out", default="publish", type=Path, help="folder to stage into")

@@ -41,13 +41,23 @@ def main(args) -> int:
     # grpo.rollout's format), for evaluation and the server (never the workspace's params)
     write_prompt_settings(args.out, params.prepare, params.eval.schema_repair, params.grpo)
     write_json(args.metrics, metrics)
-    print(
-        f"sft: {metrics['rows_trained']} of {metrics['examples']} rows trained (none cut), "
-        f"{metrics['steps']} steps, final loss {metrics['final_loss']}, "
-        f"{metrics['wall_seconds']} s, {metrics['tokens_per_second']} tokens/s "
-        f"({'bf16' if metrics['bf16'] else 'fp32'}: {metrics['bf16_reason']}) -> {args.out}"
-    )
+    print(_summary(metrics, args.out))
     return 0
+
+
+def _summary(metrics: dict, out) -> str:
+    """The stage's last line. The loss is shown to 4 digits: the trainer logs a float32, which
+    prints raw as 1.0296833038330078 (the times and rates are rounded when measured)."""
+    return (
+        f"sft: {metrics['rows_trained']} of {metrics['examples']} rows trained (none cut), "
+        f"{metrics['steps']} steps, final loss {_number(metrics['final_loss'])}, "
+        f"{metrics['wall_seconds']} s, {metrics['tokens_per_second']} tokens/s "
+        f"({'bf16' if metrics['bf16'] else 'fp32'}: {metrics['bf16_reason']}) -> {out}"
+    )
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
 
 
 if __name__ == "__main__":

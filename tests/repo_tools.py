@@ -63,6 +63,65 @@ def run_cli(args: list[str], cwd: Path, env: dict | None = None) -> str:
     return proc.stdout + proc.stderr
 
 
+def is_git_checkout(root: Path = REPO_ROOT) -> bool:
+    """Whether `root` is the top of a git checkout with a commit (not an unpacked archive,
+    nor a folder inside some other repository)."""
+    try:
+        top = subprocess.run(
+            ["git", "rev-parse", "--show-toplevel"], cwd=root, capture_output=True, text=True
+        )
+        head = subprocess.run(
+            ["git", "rev-parse", "--verify", "--quiet", "HEAD"], cwd=root, capture_output=True
+        )
+    except OSError:  # no git here
+        return False
+    return (
+        top.returncode == 0
+        and head.returncode == 0
+        and Path(top.stdout.strip()).resolve() == Path(root).resolve()
+    )
+
+
+def committed_text(path: str, root: Path = REPO_ROOT) -> str:
+    """The text of `path` (relative to `root`) as HEAD holds it: the committed version, whatever
+    a local `dvc repro` has since written to the working tree. Outside a git checkout there is
+    no committed version, and the working tree's file is read instead."""
+    if not is_git_checkout(root):
+        return (Path(root) / path).read_text(encoding="utf-8")
+    done = subprocess.run(
+        ["git", "show", f"HEAD:./{path}"], cwd=root, capture_output=True, encoding="utf-8"
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"git show HEAD:./{path} failed: {done.stderr.strip()}")
+    return done.stdout
+
+
+def committed_out_md5(out: str, root: Path = REPO_ROOT) -> str | None:
+    """The md5 that the committed dvc.lock records for output `out` of the stage producing it
+    (a directory's ends in `.dir`), or None when no stage there has that output."""
+    import yaml
+
+    lock = yaml.safe_load(committed_text("dvc.lock", root)) or {}
+    for stage in (lock.get("stages") or {}).values():
+        for entry in stage.get("outs") or []:
+            if entry.get("path") == out:
+                return entry.get("md5")
+    return None
+
+
+def workspace_out_md5(out: str, root: Path = REPO_ROOT) -> str | None:
+    """The md5 DVC computes for output `out` as the working tree holds it, by the output's own
+    hashing (`dvc status` compares this with dvc.lock): for a directory, the md5 of its file
+    listing, ending in `.dir`. None when the output is absent."""
+    from dvc.repo import Repo
+
+    with Repo(str(root)) as repo:
+        found = [o for o in repo.index.outs if o.def_path == out]
+        if not found:
+            raise LookupError(f"no stage in {root}/dvc.yaml has the output {out}")
+        return found[0].get_hash().value if found[0].exists else None
+
+
 def storage_url() -> str:
     """The shared remote as an absolute path (DVC resolves its URL relative to .dvc/)."""
     from dvc.repo import Repo

@@ -24,6 +24,9 @@ from sqlrl.prompt_builder import PromptBuilder
 from sqlrl.serve import PromptSettings, ServeConfig
 from tests.repo_tools import REPO_ROOT, SPIDER_DIR
 
+# the server answers to loopback names only (sqlrl.serve.trust); TestClient's default
+# host, "testserver", is not one
+LOCAL_URL = "http://127.0.0.1"
 SETTINGS = PromptSettings("compact", 0, "You are a text-to-SQL assistant.")
 COUNT_SQL = "SELECT count(*) FROM singer"
 NAME_SQL = "SELECT Name FROM stadium"
@@ -182,6 +185,14 @@ def serving(app):
         server.should_exit = True
         thread.join(timeout=30)
     assert not thread.is_alive()
+
+
+def page_token(client) -> str:
+    """The session token of the playground page `client` is served, as the page reads it."""
+    import re
+
+    html = client.get("/").text
+    return re.search(r'<meta name="sqlrl-page-token" content="([^"]+)">', html).group(1)
 
 
 def free_port() -> int:

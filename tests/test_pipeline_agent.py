@@ -106,12 +106,12 @@ def test_the_server_answers_with_the_models_own_trace(agent_repo):
     from fastapi.testclient import TestClient
 
     from sqlrl.serve import create_app
-    from tests.serve_helpers import serve_config
+    from tests.serve_helpers import LOCAL_URL, serve_config
 
     lines = (agent_repo / "data" / "prepared" / "heldout.jsonl").read_text().splitlines()
     config = serve_config(agent_repo / "models" / "final", max_new_tokens=64)
     traces = []
-    with TestClient(create_app(config)) as client:
+    with TestClient(create_app(config), base_url=LOCAL_URL) as client:
         for question in map(json.loads, lines[:3]):  # questions on training databases
             r = client.post(
                 "/generate",

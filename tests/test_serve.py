@@ -33,6 +33,7 @@ from tests.repo_tools import SPIDER_DIR
 from tests.serve_helpers import (
     CONCERT_DDL,
     COUNT_SQL,
+    LOCAL_URL,
     NAME_SQL,
     PAIRS,
     SETTINGS,
@@ -55,7 +56,7 @@ def trained(tmp_path_factory):
 @pytest.fixture(scope="module")
 def client(trained):
     app = create_app(_config(trained), prompt_settings=SETTINGS)
-    with TestClient(app) as c:
+    with TestClient(app, base_url=LOCAL_URL) as c:
         yield c
 
 
@@ -291,9 +292,17 @@ def test_bad_input_gets_a_4xx_saying_what_is_wrong_and_the_server_keeps_serving(
         assert r.status_code == status, (body, r.text)
         assert fragment in r.json()["detail"], (body, r.json())
     for data, status, fragment in RAW_BAD:
-        r = client.post("/generate", content=data)
+        r = client.post("/generate", content=data, headers={"content-type": "application/json"})
         assert r.status_code == status, (data[:40], r.text)
         assert fragment in r.json()["detail"]
+    good = json.dumps({"question": Q, "db_id": "concert_singer"}).encode()
+    for content_type in (None, "text/plain", "application/x-www-form-urlencoded"):
+        headers = {"content-type": content_type} if content_type else {}
+        r = client.post("/generate", content=good, headers=headers)  # what a form can send
+        assert r.status_code == 415, (content_type, r.text)
+        assert "Content-Type: application/json" in r.json()["detail"]
+    r = client.post("/generate", content=good, headers={"content-type": "Application/JSON; x=1"})
+    assert r.status_code == 200
     r = client.post("/generate", json={"question": Q, "db_id": "concert_singer"})
     assert r.status_code == 200 and r.json()["sql"] == COUNT_SQL
 
@@ -407,7 +416,7 @@ def test_evaluation_the_server_and_the_python_api_answer_alike(trained, tokenize
             Q, db="concert_singer", execute=True, num_samples=len(CANDIDATES), temperature=0.8
         )
         app = _scripted_app(trained, tokenizer, _Samples(CANDIDATES), prompt_settings=settings)
-        with TestClient(app) as c:
+        with TestClient(app, base_url=LOCAL_URL) as c:
             served_greedy = c.post("/generate", json={"question": Q, "db_id": "concert_singer"})
             served = c.post(
                 "/generate",
@@ -435,7 +444,9 @@ def test_schema_repair_maps_unknown_names_where_the_schema_is_known(trained, tok
     """A model that writes another database's table: repaired for db_id and ddl requests."""
     memorised = _ScriptedGenerator(text="SELECT count(*) FROM performance")
     repair = PromptSettings("compact", 0, "You are a text-to-SQL assistant.", schema_repair=True)
-    with TestClient(_scripted_app(trained, tokenizer, memorised, prompt_settings=repair)) as c:
+    with TestClient(
+        _scripted_app(trained, tokenizer, memorised, prompt_settings=repair), base_url=LOCAL_URL
+    ) as c:
         r = c.post("/generate", json={"question": Q, "db_id": "concert_singer", "execute": True})
         assert r.status_code == 200, r.text
         body = r.json()
@@ -445,21 +456,25 @@ def test_schema_repair_maps_unknown_names_where_the_schema_is_known(trained, tok
         assert r.json()["sql"] == "SELECT COUNT(*) FROM singer"
         r = c.post("/generate", json={"question": Q, "schema_str": "singer | Name, Age"})
         assert r.json()["sql"] == "SELECT count(*) FROM performance"  # free text: no names
-    with TestClient(_scripted_app(trained, tokenizer, memorised)) as c:  # repair off
+    with TestClient(
+        _scripted_app(trained, tokenizer, memorised), base_url=LOCAL_URL
+    ) as c:  # repair off
         r = c.post("/generate", json={"question": Q, "db_id": "concert_singer"})
         assert r.json()["sql"] == "SELECT count(*) FROM performance"
 
 
 def test_a_hung_generation_times_out_with_504_and_a_failure_is_a_500(trained, tokenizer):
     slow = _ScriptedGenerator(delay=30.0)
-    with TestClient(_scripted_app(trained, tokenizer, slow, request_timeout_s=0.3)) as c:
+    with TestClient(
+        _scripted_app(trained, tokenizer, slow, request_timeout_s=0.3), base_url=LOCAL_URL
+    ) as c:
         # the generation is held for 30 s: a 504 means the request did not wait for it
         r = c.post("/generate", json={"question": Q, "db_id": "concert_singer"})
         assert r.status_code == 504 and "did not finish within 0.3 s" in r.json()["detail"]
         assert c.get("/health").status_code == 200  # still serving
         slow.release.set()
     broken = _ScriptedGenerator(error=RuntimeError("CUDA out of memory"))
-    with TestClient(_scripted_app(trained, tokenizer, broken)) as c:
+    with TestClient(_scripted_app(trained, tokenizer, broken), base_url=LOCAL_URL) as c:
         r = c.post("/generate", json={"question": Q, "db_id": "concert_singer"})
         assert r.status_code == 500
         assert r.json()["detail"] == "generation failed (the server log has the details)"
@@ -519,7 +534,9 @@ def test_prompts_follow_the_model_folder_not_the_workspace_params(trained, token
     assert load_params().prepare.schema_format == "compact"
     _save_prompt_settings(tmp_path, PromptSettings("ddl", 2, "DDL system prompt."))
     gen = _ScriptedGenerator()
-    with TestClient(_scripted_app(tmp_path, tokenizer, gen, prompt_settings=None)) as c:
+    with TestClient(
+        _scripted_app(tmp_path, tokenizer, gen, prompt_settings=None), base_url=LOCAL_URL
+    ) as c:
         r = c.post("/generate", json={"question": Q, "db_id": "concert_singer"})
         assert r.status_code == 200, r.text
         prompt = c.get("/health").json()["prompt"]
@@ -544,7 +561,7 @@ def test_overrides_replace_only_their_own_setting(trained, tokenizer, tmp_path):
         sample_rows=0,
         system_prompt="Answer in SQL.",
     )
-    with TestClient(app) as c:
+    with TestClient(app, base_url=LOCAL_URL) as c:
         r = c.post("/generate", json={"question": Q, "db_id": "concert_singer"})
         prompt = c.get("/health").json()["prompt"]
     assert prompt == {
@@ -586,7 +603,8 @@ def test_a_model_without_prompt_settings_does_not_start(trained, tokenizer, tmp_
         sample_rows_token_budget=0,
     )
     with TestClient(
-        _scripted_app(bare, tokenizer, _ScriptedGenerator(), prompt_settings=None, **every)
+        _scripted_app(bare, tokenizer, _ScriptedGenerator(), prompt_settings=None, **every),
+        base_url=LOCAL_URL,
     ) as c:
         assert c.get("/health").json()["prompt"] == {
             "schema_format": "ddl",
@@ -894,7 +912,7 @@ def test_vllm_backend_with_a_stand_in_module(monkeypatch, trained, with_async):
     vllm = _fake_vllm(with_async)
     _install(monkeypatch, vllm)
     app = create_app(_config(trained, backend="vllm"), prompt_settings=SETTINGS)
-    with TestClient(app) as c:
+    with TestClient(app, base_url=LOCAL_URL) as c:
         r = c.post(
             "/generate",
             json={"question": Q, "db_id": "concert_singer", "execute": True, "num_samples": 2},
@@ -928,7 +946,9 @@ def test_vllm_async_votes_over_every_sample_it_asked_for(monkeypatch, trained):
 
     last = asyncio.run(last_streamed_output())  # what keeping the last output kept
     assert last.finished and [(c.index, c.text) for c in last.outputs] == [(3, wrong)]
-    with TestClient(create_app(_config(trained, backend="vllm"), prompt_settings=SETTINGS)) as c:
+    with TestClient(
+        create_app(_config(trained, backend="vllm"), prompt_settings=SETTINGS), base_url=LOCAL_URL
+    ) as c:
         r = c.post(
             "/generate",
             json={
@@ -956,7 +976,7 @@ def test_vllm_refuses_a_prompt_over_the_engine_context_with_413(
     _install(monkeypatch, vllm)
     schema = "\n".join(f"table_{i} | id, name_{i}, value_{i}" for i in range(150))
     config = _config(trained, backend="vllm", max_prompt_tokens=max_prompt_tokens)
-    with TestClient(create_app(config, prompt_settings=SETTINGS)) as c:
+    with TestClient(create_app(config, prompt_settings=SETTINGS), base_url=LOCAL_URL) as c:
         r = c.post("/generate", json={"question": Q, "schema_str": schema})
         assert r.status_code == 413, r.text
         assert "the model's context of 512 tokens minus max_new_tokens 24" in r.json()["detail"]
@@ -1034,7 +1054,7 @@ def test_greedy_is_plain_argmax_whatever_the_checkpoint_asks_for(penalised):
     from sqlrl.model.modeling import load_model_and_tokenizer
 
     schema = "singer | Singer_ID, Name, Age"
-    with TestClient(create_app(_config(penalised, max_new_tokens=16))) as c:
+    with TestClient(create_app(_config(penalised, max_new_tokens=16)), base_url=LOCAL_URL) as c:
         r = c.post("/generate", json={"question": Q, "schema_str": schema})
     assert r.status_code == 200, r.text
     model, tok = load_model_and_tokenizer(penalised)
@@ -1050,7 +1070,7 @@ def test_greedy_is_plain_argmax_whatever_the_checkpoint_asks_for(penalised):
 def test_vllm_gets_every_decoding_setting_explicitly(monkeypatch, penalised, with_async):
     vllm = _fake_vllm(with_async)
     _install(monkeypatch, vllm)
-    with TestClient(create_app(_config(penalised, backend="vllm"))) as c:
+    with TestClient(create_app(_config(penalised, backend="vllm")), base_url=LOCAL_URL) as c:
         assert (
             c.post("/generate", json={"question": Q, "schema_str": "singer | Name"}).status_code
             == 200
@@ -1216,7 +1236,7 @@ def test_an_unexpected_failure_is_a_logged_500_that_names_nothing_internal(
         raise KeyError("/srv/private/spider/tables.json")
 
     app = _scripted_app(trained, tokenizer, _ScriptedGenerator())
-    with TestClient(app) as c:
+    with TestClient(app, base_url=LOCAL_URL) as c:
         monkeypatch.setattr(app.state.service.prompts, "messages", broken)
         r = c.post("/generate", json={"question": Q, "db_id": "concert_singer"})
     assert r.status_code == 500
@@ -1263,7 +1283,9 @@ def test_health_answers_while_ddl_is_parsed_and_ddl_size_is_bounded(
         health, answered_before_release, response = asyncio.run(scenario())
     assert health.status_code == 200 and answered_before_release
     assert response.status_code == 200, response.text
-    with TestClient(_scripted_app(trained, tokenizer, _ScriptedGenerator())) as c:
+    with TestClient(
+        _scripted_app(trained, tokenizer, _ScriptedGenerator()), base_url=LOCAL_URL
+    ) as c:
         r = c.post("/generate", json={"question": Q, "ddl": CONCERT_DDL * 50})
     assert r.status_code == 413
     assert r.json()["detail"] == (
@@ -1274,7 +1296,7 @@ def test_health_answers_while_ddl_is_parsed_and_ddl_size_is_bounded(
 def _raw_post(body: dict) -> bytes:
     data = json.dumps(body).encode()
     return (
-        f"POST /generate HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+        f"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n"
     ).encode() + data
 
@@ -1337,7 +1359,7 @@ def test_slow_bodies_time_out_with_408_and_huge_headers_get_431(trained, tokeniz
         host, port = base.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=10) as sock:
             sock.sendall(
-                b"POST /generate HTTP/1.1\r\nHost: t\r\nContent-Length: 100\r\n"
+                b"POST /generate HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100\r\n"
                 b'Content-Type: application/json\r\n\r\n{"question": '
             )
             # the other 87 bytes never come; without the body timeout the server would wait
@@ -1368,7 +1390,7 @@ def test_an_api_key_guards_every_route_but_a_minimal_health(trained, tokenizer, 
     app = _scripted_app(trained, tokenizer, _ScriptedGenerator(), api_key="s3cret")
     body = {"question": Q, "db_id": "concert_singer"}
     key = {"Authorization": "Bearer s3cret"}
-    with TestClient(app) as c:
+    with TestClient(app, base_url=LOCAL_URL) as c:
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
             r = c.post("/generate", json=body, headers=headers)
             assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"

@@ -14,7 +14,7 @@ from sqlrl.data.prompt_settings import PromptSettings
 from sqlrl.serve import create_app
 from sqlrl.serve.backends import BatchingBackend
 from sqlrl.train.rollouts import AGENT_SYSTEM_PROMPT
-from tests.serve_helpers import serve_config, serving
+from tests.serve_helpers import LOCAL_URL, serve_config, serving
 from tests.test_agent_inference import SINGERS, ScriptedGenerator, call
 from tests.test_serve_playground import DB, ask, browser, wait_for  # noqa: F401  (browser)
 
@@ -49,7 +49,7 @@ def test_an_agent_model_answers_with_its_trace(tmp_path, tokenizer):
     the probe, what the database said and the final SQL; the model's second turn saw the
     observation."""
     generator = ScriptedGenerator(probe_then_answer)
-    with TestClient(agent_app(tmp_path, tokenizer, generator)) as client:
+    with TestClient(agent_app(tmp_path, tokenizer, generator), base_url=LOCAL_URL) as client:
         r = client.post(
             "/generate", json={"question": SINGERS, "db_id": "concert_singer", "execute": True}
         )
@@ -88,7 +88,7 @@ def test_an_agent_out_of_turns_answers_no_sql_and_ddl_requests_have_no_database(
     no database for the tool, so each probe answers an error observation."""
     generator = ScriptedGenerator(lambda prompt, turn, i=0: call(COUNT))
     ddl = "CREATE TABLE singer (Singer_ID INT PRIMARY KEY, Name TEXT);"
-    with TestClient(agent_app(tmp_path, tokenizer, generator)) as client:
+    with TestClient(agent_app(tmp_path, tokenizer, generator), base_url=LOCAL_URL) as client:
         r = client.post("/generate", json={"question": SINGERS, "ddl": ddl})
         assert r.status_code == 200, r.text
         body = r.json()
@@ -100,7 +100,9 @@ def test_an_agent_out_of_turns_answers_no_sql_and_ddl_requests_have_no_database(
 def test_a_sql_model_has_no_trace(tmp_path, tokenizer):
     generator = ScriptedGenerator(lambda prompt, turn, i=0: COUNT)
     settings = PromptSettings("compact", 0, "SQL only.")
-    with TestClient(agent_app(tmp_path, tokenizer, generator, settings)) as client:
+    with TestClient(
+        agent_app(tmp_path, tokenizer, generator, settings), base_url=LOCAL_URL
+    ) as client:
         body = client.post("/generate", json={"question": SINGERS, "db_id": "concert_singer"})
         assert body.json()["sql"] == COUNT and "trace" not in body.json()
         assert "<tools>" not in generator.batches[0][0]

@@ -319,3 +319,23 @@ def test_32_concurrent_openai_clients_are_all_answered(client, trained):
     with ThreadPoolExecutor(32) as pool:
         answers = list(pool.map(one, range(32)))
     assert answers == [PAIRS[i % len(PAIRS)][1] for i in range(32)]
+
+
+def test_sampling_without_a_seed_varies_and_with_a_seed_repeats(client, trained):
+    """As OpenAI's API: a regenerate at temperature 1 draws afresh (the seed it drew is in the
+    answer, to reproduce it); a request that gives a seed gets the same answer again."""
+    question = "Which stadiums hosted concerts by singers older than forty?"
+
+    def sample(**kw):
+        r = client.chat.completions.create(
+            model=trained.name, messages=ask(question), temperature=1.0, extra_body=DB, **kw
+        )
+        return r.choices[0].message.content, r.model_extra["sqlrl"]["seed"]
+
+    drawn = [sample() for _ in range(3)]
+    seeds = [seed for _, seed in drawn]
+    assert len(set(seeds)) == 3 and all(0 <= s < 2**32 for s in seeds)
+    assert len({sql for sql, _ in drawn}) > 1, drawn
+    again = sample(seed=seeds[0])
+    assert again == drawn[0]  # the reported seed reproduces the answer
+    assert sample(seed=5) == sample(seed=5)

@@ -100,3 +100,31 @@ def test_the_evaluate_summary_line_reads_sets_not_the_decoding_settings():
     }
     line = _summary("final", metrics)
     assert "spider_dk EX 50.0% on 4" in line and "decoding" not in line
+
+
+def test_the_stage_lines_show_numbers_as_a_person_reads_them():
+    """No float printed raw (`1.0296833038330078`, `11.350000000000001`) in the lines sft and
+    evaluate end with: the loss to 4 digits, accuracies as percentages to one decimal."""
+    import re
+
+    from stages.evaluate import _summary as evaluate_summary
+    from stages.sft import _summary as sft_summary
+
+    raw = re.compile(r"\d\.\d{7,}")
+    sft = {
+        "rows_trained": 8,
+        "examples": 8,
+        "steps": 2,
+        "final_loss": 1.0296833038330078,
+        "wall_seconds": 12.3,
+        "tokens_per_second": 11.4,
+        "bf16": False,
+        "bf16_reason": "auto: no bf16 kernels",
+    }
+    line = sft_summary(sft, "models/sft")
+    assert "final loss 1.03, 12.3 s, 11.4 tokens/s" in line and not raw.search(line), line
+    assert "final loss n/a" in sft_summary({**sft, "final_loss": None}, "models/sft")
+    split = {"ex": 129 / 972, "ex_nontrivial": 0.1, "em": 0.05, "n": 4, "skipped": 0}
+    metrics = {"dev": {**split, "ex_all": 0.30000000000000004, "examples_per_second": 9.0}}
+    line = evaluate_summary("final", metrics)
+    assert "dev EX 13.3%" in line and not raw.search(line), line

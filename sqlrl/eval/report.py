@@ -422,7 +422,9 @@ def build_report(baseline: str, out_dir: Path, root: str | Path = ".") -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m sqlrl.eval.report", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("--baseline", default="main", help="git revision to compare against")
     parser.add_argument("--out", default="report", type=Path, help="output folder")
     args = parser.parse_args(argv)

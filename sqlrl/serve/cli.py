@@ -9,6 +9,7 @@ too; `uvicorn_config` is the uvicorn configuration `main` runs.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import typing
@@ -57,7 +58,13 @@ _HELP = {
     "max_num_samples": "the most samples a request may vote over (num_samples; 422 beyond)",
     "max_temperature": "the highest temperature a request may ask for (422 beyond)",
     "sample_temperature": "temperature of num_samples > 1 when a request gives none",
-    "seed": "sampling seed when a request gives none",
+    "seed": "sampling seed when a request gives none (unset: a fresh seed per request, "
+    "reported in the answer, so a regenerate varies as OpenAI clients expect)",
+    "allowed_hosts": "host names the server answers to besides 127.0.0.1, localhost and ::1 "
+    "(comma-separated; '*' any; '*.example.com' subdomains); unset and --host 0.0.0.0: any",
+    "allowed_origins": "web origins besides the server's own whose pages may POST to it "
+    "(comma-separated, e.g. https://app.example.com); browsers send Origin, other clients "
+    "are not affected",
     "exec_timeout_s": "time limit of one read-only execution of an answer (execute: true)",
     "max_rows": "rows an executed answer returns at most (a request may ask fewer)",
     "feedback_db": "SQLite file that POST /feedback and the playground store judgements in "
@@ -169,6 +176,38 @@ def uvicorn_config(
     )
 
 
+WILDCARD_ADDRESSES = ("0.0.0.0", "::", "")
+
+
+def is_loopback(host: str) -> bool:
+    """127.0.0.0/8, ::1 or localhost: reachable from this machine only."""
+    import ipaddress
+
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def for_bind_address(config: ServeConfig, host: str) -> ServeConfig:
+    """`config` for serving on `host`. Without an API key only a loopback address (anyone who
+    can reach the port could otherwise write feedback, i.e. training data); a specific
+    address is added to the allowed host names, and a wildcard one allows any name unless
+    --allowed-hosts says which."""
+    if not config.api_key and not is_loopback(host):
+        raise ValueError(
+            f"--host {host} would serve other machines, and without an API key anyone who "
+            "reaches the port could use the model and write training data; set SQLRL_API_KEY "
+            "(or --api-key) to serve beyond this machine, or keep --host 127.0.0.1"
+        )
+    if is_loopback(host) or config.allowed_hosts:
+        return config
+    extra = "*" if host in WILDCARD_ADDRESSES else host
+    return dataclasses.replace(config, allowed_hosts=extra)
+
+
 def main(argv=None) -> int:
     import uvicorn
 
@@ -180,6 +219,11 @@ def main(argv=None) -> int:
     env = config_from_env()
     values.update({name: getattr(env, name) for name in SECRETS if values[name] is None})
     config = ServeConfig(**values)
+    try:
+        config = for_bind_address(config, args.host)
+    except ValueError as exc:
+        print(f"serve: {exc}", file=sys.stderr)
+        return 2
     if not os.path.isdir(config.model):
         print(
             f"serve: model folder {config.model!r} does not exist (train it with `dvc repro`,"
@@ -192,6 +236,12 @@ def main(argv=None) -> int:
     except (PromptSettingsError, ValueError) as exc:  # no or bad prompt settings
         print(f"serve: {exc}", file=sys.stderr)
         return 2
+    if not config.api_key:
+        print(
+            f"serve: no API key: listening on {args.host} only (this machine); set "
+            "SQLRL_API_KEY to serve others",
+            file=sys.stderr,
+        )
     uvicorn.Server(
         uvicorn_config(
             app,

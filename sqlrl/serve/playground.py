@@ -1,15 +1,18 @@
 """The playground page and the two routes it needs besides /generate and /databases.
 
 - `GET /`: a plain HTML page (sqlrl/serve/static/, no build step; its content security policy
-  lets it load nothing but this server's own files): pick a database or paste DDL, ask, see
-  the SQL (and an agent trace where the answer has one), run it, see the rows, mark the answer
-  right or wrong and correct it. The page and its script hold no data and are open; every
-  call they make sends the API key typed into the page.
+  lets it load nothing but this server's own files): pick a database (its schema is shown) or
+  paste DDL, ask, see the SQL (and an agent trace where the answer has one), run it, see the
+  rows, mark the answer right or wrong and correct it. The page and its script are open; each
+  page carries a fresh session token (sqlrl.serve.trust) that its feedback sends, and every
+  call sends the API key typed into the page.
 - `POST /execute` {"db_id", "sql", "max_rows"?}: a query someone wrote or corrected, run by
   the sandboxed read-only executor that runs model answers, rows capped by --max-rows.
 - `POST /feedback` {"question", "predicted_sql", "verdict": "right" | "wrong",
   "corrected_sql"?, and "db_id" or "ddl"}: one judgement, stored in --feedback-db
-  (sqlrl.feedback) before the answer says so.
+  (sqlrl.feedback) with its writer before the answer says so. The SQL it vouches for (the
+  answer marked right, or the correction) is run read-only first, and a judgement whose SQL
+  fails is refused with the error (422), so a slip never stands in for a verified pair.
 """
 
 from __future__ import annotations
@@ -25,10 +28,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel, ConfigDict
 
-from sqlrl.feedback import FeedbackStore, Judgement
+from sqlrl.feedback import FeedbackStore, Judgement, verified_sql
 from sqlrl.prompt_builder import InputError
 from sqlrl.serve.http_errors import HTTPError, check_text
 from sqlrl.serve.service import Service, guarded, json_body_schema
+from sqlrl.serve.trust import PageTokens, feedback_writer
 
 log = logging.getLogger("sqlrl.serve")
 STATIC = Path(__file__).parent / "static"
@@ -81,7 +85,12 @@ def check_sql(name: str, sql: str) -> str:
     return sql.strip()
 
 
-def judgement_from(service: Service, req: FeedbackRequest) -> Judgement:
+def page_html(tokens: PageTokens) -> bytes:
+    """The playground page with a fresh session token for its feedback."""
+    return static_file("playground.html").replace(b"{{page_token}}", tokens.issue().encode())
+
+
+def judgement_from(service: Service, req: FeedbackRequest, writer: str) -> Judgement:
     """A FeedbackRequest checked like every request (limits, Unicode, a known database) and
     made a Judgement of the served model."""
     c = service.config
@@ -114,11 +123,35 @@ def judgement_from(service: Service, req: FeedbackRequest) -> Judgement:
         db_id=req.db_id,
         ddl=req.ddl,
         corrected_sql=corrected,
+        writer=writer,
     )
 
 
-async def store_feedback(service: Service, store: FeedbackStore | None, request: Request):
-    """Parse, check and store one judgement; the answer comes after its commit."""
+async def check_it_runs(service: Service, judgement: Judgement) -> None:
+    """A 422 with the database's error when the SQL a judgement vouches for does not run on
+    its database (read-only, as the export will check it). DDL has no database: its
+    judgements are stored unchecked, and the export skips them."""
+    sql = verified_sql(judgement)
+    if sql is None or judgement.db_id is None:
+        return
+    result = await service.run_sql(judgement.db_id, sql, 0)
+    verdict = result["verdict"]
+    if verdict["status"] != "ok":
+        name = "corrected_sql" if judgement.corrected_sql else "predicted_sql"
+        what = "the correction" if judgement.corrected_sql else "an answer marked right"
+        raise HTTPError(
+            422,
+            f"{what} does not run on {judgement.db_id}, so it was not stored: "
+            f"{verdict['status']}: {verdict['error']}",
+            param=name,
+        )
+
+
+async def store_feedback(
+    service: Service, store: FeedbackStore | None, tokens: PageTokens, request: Request
+):
+    """Parse, check (writer, limits, the SQL runs) and store one judgement; the answer comes
+    after its commit."""
     if store is None:
         raise HTTPError(
             503, "feedback is off: the server was started without --feedback-db (SQLRL_FEEDBACK_DB)"
@@ -128,13 +161,21 @@ async def store_feedback(service: Service, store: FeedbackStore | None, request:
         FeedbackRequest,
         '{"db_id": "...", "question": "...", "predicted_sql": "...", "verdict": "right"}',
     )
-    judgement = judgement_from(service, req)
+    writer = feedback_writer(request, service.config.api_key, tokens)
+    judgement = judgement_from(service, req, writer)
+    await check_it_runs(service, judgement)
     try:
         stored = await asyncio.to_thread(store.add, judgement)
     except sqlite3.OperationalError as exc:  # locked past the busy timeout, disk full
         log.error("serve: feedback not stored: %s", exc)
         raise HTTPError(503, "feedback could not be stored now; try again") from None
-    return {"id": stored.id, "created_at": stored.created_at, "stored": True}
+    return {
+        "id": stored.id,
+        "created_at": stored.created_at,
+        "writer": stored.writer,
+        "model": stored.model,
+        "stored": True,
+    }
 
 
 async def run_query(service: Service, request: Request):
@@ -147,11 +188,12 @@ async def run_query(service: Service, request: Request):
 
 def add_routes(app: FastAPI, service: Service, keyed: list) -> None:
     store = FeedbackStore(service.config.feedback_db) if service.config.feedback_db else None
+    tokens = PageTokens()
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page():
         """The playground (open: it holds no data; its calls send the key)."""
-        return HTMLResponse(static_file("playground.html"), headers=PAGE_HEADERS)
+        return HTMLResponse(page_html(tokens), headers=PAGE_HEADERS)
 
     @app.get("/playground.js", include_in_schema=False)
     async def script():
@@ -172,5 +214,5 @@ def add_routes(app: FastAPI, service: Service, keyed: list) -> None:
     async def feedback(request: Request):
         """Store a judgement of an answer (right, or wrong with the right SQL)."""
         return await guarded(
-            service, "POST /feedback", lambda: store_feedback(service, store, request)
+            service, "POST /feedback", lambda: store_feedback(service, store, tokens, request)
         )

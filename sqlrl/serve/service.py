@@ -31,6 +31,7 @@ from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -48,6 +49,7 @@ from sqlrl.serve.http_errors import (
     validation_message,
     validation_param,
 )
+from sqlrl.serve.trust import LOOPBACK_HOSTS, RequestGuard, split_list
 
 log = logging.getLogger("sqlrl.serve")
 
@@ -88,6 +90,10 @@ class ServeConfig:
     max_header_bytes: int = 16 * 1024  # request line and headers (431 beyond)
     body_timeout_s: float = 10.0  # the whole body must arrive within it (408 beyond)
     api_key: str | None = None  # when set: Authorization: Bearer <key> (401 without)
+    # browsers (sqlrl.serve.trust): host names besides the loopback ones ("*": any), and web
+    # origins besides the server's own that may POST; both comma-separated
+    allowed_hosts: str | None = None
+    allowed_origins: str | None = None
     max_prompt_tokens: int = 0  # 0: the model's context minus max_new_tokens
     # generation settings: defaults and bounds
     max_new_tokens: int = 128  # default per request
@@ -95,7 +101,7 @@ class ServeConfig:
     max_num_samples: int = 16
     max_temperature: float = 2.0
     sample_temperature: float = 0.8  # used when num_samples > 1 and none is given
-    seed: int = 0
+    seed: int | None = None  # None: a fresh seed per sampled request (reported in its answer)
     # execution
     exec_timeout_s: float = 5.0
     max_rows: int = 100  # rows returned at most (a request may ask fewer)
@@ -111,7 +117,7 @@ class ServeConfig:
             batch_wait_s=self.batch_wait_ms / 1000.0,
             max_queue=self.max_queue,
             default_max_new_tokens=self.max_new_tokens,
-            seed=self.seed,
+            seed=self.seed or 0,
             dtype=self.dtype,
             torch_threads=self.torch_threads,
         )
@@ -221,6 +227,22 @@ def json_object(body: bytes, example: str) -> dict:
     return data
 
 
+def check_json_content_type(request: Request) -> None:
+    """A 415 unless the body is declared JSON: `text/plain` and form bodies are what a page on
+    another site can send without asking first (sqlrl.serve.trust)."""
+    declared = request.headers.get("content-type", "")
+    media_type = declared.partition(";")[0].strip().lower()
+    if media_type != "application/json":
+        raise HTTPError(
+            415,
+            f"the body must be JSON sent as Content-Type: application/json, not {declared[:80]!r}"
+            if declared
+            else "the body must be JSON sent as "
+            "Content-Type: application/json (the request has no Content-Type)",
+            CLOSE,
+        )
+
+
 def verdict_body(verdict) -> dict:
     """An execution verdict as JSON: status and error, and for a query that ran its columns,
     rows (JSON-safe) and whether they stop at the row limit."""
@@ -253,6 +275,8 @@ def generate_body(req: GenerateRequest, served: Served) -> dict:
         out["trace"] = a.trace
     if a.vote is not None:
         out.update(votes=a.votes, vote=a.vote)
+    if served.opts["temperature"] > 0:  # sampled: the seed that reproduces it
+        out["seed"] = served.opts["seed"]
     if len(a.candidates) > 1:
         out["num_samples"] = len(a.candidates)
         out["candidates"] = a.candidates
@@ -352,7 +376,9 @@ class Service:
                 f"max_rows must be between 0 and {c.max_rows}, got {max_rows}",
                 param="max_rows",
             )
-        seed = c.seed if req.seed is None else req.seed
+        seed = req.seed if req.seed is not None else c.seed
+        if seed is None:  # as OpenAI's API: a regenerate varies unless the client sends a seed
+            seed = secrets.randbelow(2**32)
         if not 0 <= seed < 2**32:
             raise HTTPError(422, f"seed must be between 0 and 2**32 - 1, got {seed}", param="seed")
         return dict(
@@ -599,6 +625,7 @@ class Service:
         """The body as a `model` (GenerateRequest by default): a JSON object in UTF-8 that
         the strict model accepts, or a 4xx saying what is wrong with it."""
         model = model or GenerateRequest
+        check_json_content_type(request)
         data = json_object(
             await self.read_body(request), example or '{"question": "...", "db_id": "..."}'
         )
@@ -692,13 +719,20 @@ def create_app(
 
     config = _with_overrides(config or ServeConfig(), overrides)
     service = Service(config, backend, prompt_settings)
-    app = FastAPI(
+    # /docs and /redoc with their scripts served from the installed package, not a CDN
+    app = FastAPIOffline(
         title="sqlrl text-to-SQL",
         version="1",
         lifespan=_lifespan(service),
         summary="Text-to-SQL with a model fine-tuned on Spider",
     )
     app.state.service = service
+    app.add_middleware(
+        RequestGuard,
+        allowed_hosts=[*LOOPBACK_HOSTS, *split_list(config.allowed_hosts)],
+        allowed_origins=split_list(config.allowed_origins),
+        counts=service.counts,
+    )
     app.add_middleware(HeaderLimit, limit=config.max_header_bytes, counts=service.counts)
     _install_error_handlers(app, service)
     guard = KeyGuard(config.api_key)
@@ -826,3 +860,12 @@ def _add_info_routes(app: FastAPI, service: Service, guard: KeyGuard, keyed: lis
     async def databases():
         """The Spider databases by name (never the server's paths)."""
         return {"databases": service.prompts.databases()}
+
+    @app.get("/databases/{db_id}", dependencies=keyed)
+    async def database(db_id: str):
+        """One database's schema: tables, columns (type, primary key) and foreign keys."""
+        check_text("db_id", db_id, 128)
+        try:
+            return service.prompts.schema_of(db_id)
+        except InputError as exc:
+            raise HTTPError(exc.status, str(exc), param="db_id") from None

@@ -54,7 +54,7 @@ def main() -> None:
     print(
         f"{' '.join(args.overrides) or 'profile'}: {metrics['train_tokens']} tokens "
         f"in {metrics['wall_seconds']} s = {metrics['tokens_per_second']} tokens/s "
-        f"(steps {metrics['steps']}, final loss {metrics['final_loss']})"
+        f"(steps {metrics['steps']}, final loss {metrics['final_loss']:.4g})"
     )
 
 
