@@ -15,10 +15,10 @@ import pytest
 from sqlrl.data.prompt_settings import PromptSettings, read_answer_format, write_prompt_settings
 from sqlrl.eval.evaluate import evaluate_model
 from sqlrl.formats import FORMATS, Format, get_format, register_format, unregister_format
-from sqlrl.jsonio import read_jsonl
-from sqlrl.params import ROLLOUTS, TOOL_ROLLOUTS, EvalParams
+from sqlrl.params import ROLLOUTS, TOOL_ROLLOUTS
 from sqlrl.sql.extract import extract_sql
 from tests.repo_tools import REPO_ROOT, fixed_params
+from tests.test_agent_inference import eval_params, singer_rows  # noqa: F401  (a fixture)
 
 BUILT_IN = tuple(FORMATS)  # before any test registers its own
 
@@ -64,12 +64,12 @@ def _render(messages):
 
 
 def test_a_format_registered_in_a_test_module_runs_through_evaluation(
-    marked, prepared_dir, spider_dir, tmp_path
+    marked,
+    singer_rows,  # noqa: F811  (the fixture imported above)
+    spider_dir,
+    tmp_path,
 ):
-    rows = read_jsonl(prepared_dir / "dev.jsonl")[:4]  # concert_singer
-    assert {r["db_id"] for r in rows} == {"concert_singer"}
-    (tmp_path / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    (tmp_path / "heldout.jsonl").write_text("")
+    path, rows = singer_rows  # four concert_singer dev rows as prepare writes them
     golds = [r["gold"] for r in rows]
     wrong = "SELECT name FROM singer WHERE 1 = 0"
     said = [  # what the model answers -> the SQL a user expects scored, and its EX
@@ -86,22 +86,12 @@ def test_a_format_registered_in_a_test_module_runs_through_evaluation(
     write_prompt_settings(folder, fixed_params().prepare, False, SimpleNamespace(rollout="marked"))
     assert json.loads((folder / "sqlrl_prompt.json").read_text())["rollout"] == "marked"
     assert read_answer_format(folder).rollout == "marked"
-    params = EvalParams(
-        batch_size=4,
-        max_new_tokens=8,
-        use_vllm=False,
-        num_samples=1,
-        temperature=0.0,
-        schema_repair=False,
-        vote_models=[],
-        sets={},
-    )
 
     metrics, predictions = evaluate_model(
         folder,
-        params,
+        eval_params(),
         0,
-        {"dev": tmp_path / "dev.jsonl", "heldout": tmp_path / "heldout.jsonl"},
+        {"dev": path},
         generator=model,
         render=_render,
         spider_dir=spider_dir,
