@@ -52,7 +52,7 @@ def candidate_sqls(
     texts: list[str], repair: Repair | None = None, extract: Callable[[str], str] | None = None
 ) -> tuple[list[str], list[str]]:
     """(the SQL of each completion as it is answered and scored, the same before repair).
-    `extract`: the model's format's extractor (sqlrl.train.rollouts.EXTRACTORS; default the
+    `extract`: the model's format's extractor (sqlrl.formats' Format.extract; default the
     `sql` format's extract_sql)."""
     from sqlrl.sql.extract import extract_sql
 

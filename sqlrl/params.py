@@ -37,7 +37,11 @@ VLLM_MODES = ("colocate", "server")
 BENCHMARK_FORMATS = ("spider", "bird")
 SET_NAME = r"^[a-z][a-z0-9_]*$"  # a metrics section and a file name
 RESERVED_SET_NAMES = {"dev", "heldout", "generation"}
-ROLLOUTS = ("sql", "reasoning", "agent")  # sqlrl/train/rollouts.py
+# grpo.rollout's answer formats: sqlrl.formats' built-in names (declared here, so params stays
+# light; tests/test_formats.py checks them against the registry), and those whose rollouts
+# call tools (their Format's `calls_tools`)
+ROLLOUTS = ("sql", "reasoning", "agent")
+TOOL_ROLLOUTS = ("agent",)
 BUILTIN_REWARDS = ("execution", "syntax", "format")  # sqlrl/train/rewards.py's registry
 REWARD_IMPORT = r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$"  # package.module:function
 
@@ -383,7 +387,7 @@ class Params:
         self.grpo.per_process(world)
         self._check_agent_vllm(world)
         if (
-            self.grpo.rollout == "agent"
+            self.grpo.rollout in TOOL_ROLLOUTS
             and self.base.source == "scratch"
             and self.base.tokenizer == "trained"
         ):
@@ -412,7 +416,7 @@ class Params:
         must join (a gather of the prompts in server mode, an all-gather over the tensor
         parallel group in colocate) then waits forever for a process that has stopped."""
         g = self.grpo
-        if world == 1 or g.rollout != "agent" or not g.use_vllm:
+        if world == 1 or g.rollout not in TOOL_ROLLOUTS or not g.use_vllm:
             return
         if g.vllm_mode == "server":
             how = "grpo.vllm_mode server gathers every process's prompts for each turn"

@@ -284,11 +284,11 @@ class PromptBuilder:
         ddl: str | None = None,
     ) -> list[dict]:
         """The request's chat messages, with the system prompt of the model's answer format
-        (sqlrl.train.rollouts.rollout_prompt, as training built its prompts)."""
-        from sqlrl.train.rollouts import rollout_prompt
+        (its Format's `prompt`, as training built its prompts)."""
+        from sqlrl.formats import get_format
 
         messages = self._messages(question, schema_str=schema_str, db_id=db_id, ddl=ddl)
-        return rollout_prompt(messages, self.settings.rollout)
+        return get_format(self.settings.rollout).prompt(messages)
 
     def _messages(
         self,

@@ -9,10 +9,11 @@ sft stage), the completions go through the answer path evaluation and the HTTP s
 (sqlrl.answer: extraction, schema repair, vote; a test compares the three), and
 `answer(..., execute=True)` runs the SQL read-only on the Spider database.
 
-The model is asked in the answer format its folder records (docs/rollouts.md): `reasoning`
-gets its system prompt and only its final <answer> is read; `agent` runs the tool loop
-evaluation runs (sqlrl/agent.py) on the `db` (a `schema` or `ddl` question has no database
-to probe), and the Answer's `trace` holds its probes, their observations and the final SQL.
+The model is asked in the answer format its folder records (docs/rollouts.md), through the
+format's own inference loop and extractor (sqlrl/formats/), as evaluation asks it:
+`reasoning` gets its system prompt and only its final <answer> is read; `agent` runs the tool
+loop on the `db` (a `schema` or `ddl` question has no database to probe), and the Answer's
+`trace` holds its probes, their observations and the final SQL.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class TextToSQL:
         **prompt_overrides,
     ):
         from sqlrl.data.prompt_settings import PromptSettings
+        from sqlrl.formats import get_format
         from sqlrl.model.generate import make_generator
         from sqlrl.prompt_builder import PromptBuilder
         from sqlrl.sql.executor import ExecLimits, SQLExecutor
@@ -63,11 +65,8 @@ class TextToSQL:
             progress=False,
         )
         self.executor = SQLExecutor(ExecLimits(timeout_s=exec_timeout_s))
-        self.agent = None
-        if self.settings.rollout == "agent":
-            from sqlrl.agent import AgentLoop
-
-            self.agent = AgentLoop(self.generator, self.tokenizer, self.settings.answer_format)
+        self.format = get_format(self.settings.rollout)
+        self.format.check_tokenizer(self.tokenizer)  # the agent's: a template that calls tools
 
     def databases(self) -> list[str]:
         """The Spider databases `db=` can name (the Spider folder's tables.json)."""
@@ -100,7 +99,6 @@ class TextToSQL:
         at `temperature` and votes by execution result (with `execute`) or by SQL text. An
         agent model's answer carries its `trace`."""
         from sqlrl.params import check_sampling
-        from sqlrl.train.rollouts import EXTRACTORS
 
         check_sampling(num_samples, temperature, "num_samples", "temperature")
         given = [
@@ -116,39 +114,37 @@ class TextToSQL:
         db_path = self.prompts.check_db_id(db, need_file=True) if execute else None
         messages = self.prompts.messages(question, schema_str=schema, db_id=db, ddl=ddl)
         decode = dict(n=num_samples, temperature=temperature if num_samples > 1 else 0.0)
-        if self.agent is not None:
-            episodes = self._episodes(messages, db, seed=seed, **decode)
-            texts = [episode.answer or "" for episode in episodes]
-        else:
-            texts = self._completions(messages, seed=seed, **decode)
+        [asked] = self._loop().ask([messages], [self._tool_db(db)], seed=seed, **decode)
+        texts = asked.texts
         known = self.prompts.schema(db_id=db, ddl=ddl) if self.settings.schema_repair else None
         run = (
             (lambda sqls: [self.executor.execute(db_path, sql) for sql in sqls])
             if db_path is not None
             else None
         )
-        rollout = self.settings.rollout
         answer = finish_answer(
             texts,
             repair=schema_repair(known, question),
             execute=run,
-            extract=EXTRACTORS[rollout] if rollout != "sql" else None,
+            extract=self.format.extract,
         )
-        if self.agent is not None:
-            answer.trace = episodes[answer.chosen].trace(answer.sql)
+        answer.trace = asked.trace(answer.chosen, answer.sql)  # a tool loop's; else None
         return answer
 
-    def _completions(self, messages, *, n: int, temperature: float, seed: int) -> list[str]:
-        """The model's completions of one prompt: greedy, or n samples."""
+    def _loop(self):
+        """The format's inference loop over the current `generator` (plain generation, or the
+        agent's tool loop with the bounds the model was trained with)."""
         from sqlrl.data.prompts import render_prompt
 
-        prompt = render_prompt(self.tokenizer, messages)
-        if n > 1:
-            return self.generator.sample([prompt], n, temperature, seed)[0]
-        return self.generator.generate([prompt])
+        return self.format.inference_loop(
+            self.generator,
+            render=lambda messages: render_prompt(self.tokenizer, messages),
+            tokenizer=self.tokenizer,
+            answer_format=self.settings.answer_format,
+        )
 
-    def _episodes(self, messages, db: str | None, *, n: int, temperature: float, seed: int):
-        """An agent model's episodes for one question, its tool on `db` where the file is."""
+    def _tool_db(self, db: str | None) -> str | None:
+        """The database a tool loop probes: `db`'s file where it is present (a plain
+        format's loop reads none)."""
         path = self.prompts.check_db_id(db, need_file=False) if db is not None else None
-        tool_db = str(path) if path is not None and path.is_file() else None
-        return self.agent.run([messages], [tool_db], n=n, temperature=temperature, seed=seed)[0]
+        return str(path) if path is not None and path.is_file() else None

@@ -7,8 +7,8 @@ The SFT model is sampled by evaluation's generator factory (`sqlrl.model.generat
 vLLM when grpo.use_vllm is set and vLLM is installed, else transformers on the GPU when there
 is one, in the model's dtype; grpo.batch_size prompts a batch, grpo.max_completion_length
 tokens, grpo.temperature, with nothing taken from the model's generation_config.json.
-A pass is the execution reward, asked for by name, in the rollout format of
-`pass_rate_rollout` (the agent's samples answer without tools).
+A pass is the execution reward, asked for by name, in the format the rollout's Format samples
+its pass rates in (`pass_rate_format`: the agent's samples answer without tools).
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from sqlrl.formats import get_format
 from sqlrl.hardware import set_torch_threads
 from sqlrl.jsonio import read_jsonl, write_json, write_jsonl
 from sqlrl.params import GrpoParams, load_params
 from sqlrl.sql.executor import SQLExecutor
-from sqlrl.train.grpo_prompts import ROW_KEYS, pass_rate_rollout, sampled_pass_rates, select_prompts
+from sqlrl.train.grpo_prompts import ROW_KEYS, sampled_pass_rates, select_prompts
 from sqlrl.train.rewards import reward_registry
-from sqlrl.train.rollouts import rollout_rows
 from stages import stage_main
 
 
@@ -58,13 +58,13 @@ def main(args) -> int:
     params = load_params(args.params)
     grpo = params.grpo
     set_torch_threads(params.torch_threads)
-    rollout = pass_rate_rollout(grpo.rollout)
-    execution_reward = reward_registry(grpo, args.spider, rollout)["execution"]
+    sampled_format = get_format(grpo.rollout).pass_rate_format()
+    execution_reward = reward_registry(grpo, args.spider, sampled_format.name)["execution"]
 
     def pass_rates(rows):
         generator, tokenizer = pass_rate_generator(args.model, grpo, params.seed)
         return sampled_pass_rates(
-            rollout_rows(rows, rollout),  # the rollout's prompts; the rows kept are prepare's
+            sampled_format.rows(rows),  # the format's prompts; the rows kept are prepare's
             generator,
             tokenizer,
             grpo.pass_rate_filter.samples,

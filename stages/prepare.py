@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 
 from sqlrl.data.prepare import prepare
-from sqlrl.data.trajectories import SftFormatter
+from sqlrl.formats import get_format
 from sqlrl.jsonio import write_json
 from sqlrl.params import load_params
 from stages import stage_main
@@ -22,7 +22,7 @@ def arguments(parser) -> None:  # paths as strings, exactly as dvc.yaml writes t
 
 def main(args) -> int:
     params = load_params(args.params)
-    sft_format = SftFormatter(params.grpo)  # grpo.rollout's format
+    sft_format = get_format(params.grpo.rollout).sft_formatter(params.grpo)  # sft.jsonl's format
     metrics = prepare(
         params.prepare,
         params.seed,

@@ -1,4 +1,4 @@
-"""The reasoning and agent formats at inference (sqlrl/agent.py, sqlrl/eval/evaluate.py): a
+"""The reasoning and agent formats at inference (sqlrl/formats/, sqlrl/eval/evaluate.py): a
 model is asked the way it was trained.
 
 Real: Qwen2.5's tokenizer and chat template (offline), TRL's response parser, Spider's
@@ -14,15 +14,17 @@ import shutil
 
 import pytest
 
-from sqlrl.agent import AgentLoop, render_agent_prompt, tool_schemas
 from sqlrl.data.prompt_settings import AnswerFormat, PromptSettings, write_prompt_settings
 from sqlrl.data.prompts import build_messages, compact_schema, render_prompt
 from sqlrl.data.spider import database_path, load_schemas
 from sqlrl.eval.evaluate import Split, evaluate_model
+from sqlrl.formats import get_format
+from sqlrl.formats.agent import AGENT_SYSTEM_PROMPT
+from sqlrl.formats.reasoning import REASONING_SYSTEM_PROMPT
+from sqlrl.formats.tool_loop import AgentLoop, render_agent_prompt, tool_schemas
 from sqlrl.jsonio import read_jsonl
 from sqlrl.params import EvalParams
 from sqlrl.prompt_builder import PromptBuilder
-from sqlrl.train.rollouts import AGENT_SYSTEM_PROMPT, REASONING_SYSTEM_PROMPT, rollout_prompt
 from tests.repo_tools import fixed_params
 
 SINGERS = "How many singers do we have?"
@@ -62,7 +64,7 @@ class ScriptedGenerator:
 def agent_messages(spider_dir, db_id: str, question: str) -> list[dict]:
     schemas = load_schemas(spider_dir / "tables.json")
     prepared = build_messages(compact_schema(schemas[db_id]), question, "SQL only.")
-    return rollout_prompt(prepared, "agent")
+    return get_format("agent").prompt(prepared)
 
 
 def md5(path) -> str:
@@ -74,11 +76,9 @@ def md5(path) -> str:
 
 def test_inference_prompts_are_the_training_prompts(spider_dir, tokenizer):
     """The server and TextToSQL (PromptBuilder with the model's recorded format) render the
-    prompt training rendered: GRPO's rows (rollout_rows) and SFT's trajectories
-    (trajectories.py) for the agent, with the tool's schema; GRPO's rows for reasoning."""
+    prompt training rendered: GRPO's rows (Format.rows) and SFT's trajectories
+    (the format's sft_formatter) for the agent, with the tool's schema; GRPO's rows for reasoning."""
     from sqlrl.data.spider import load_examples
-    from sqlrl.data.trajectories import SftFormatter
-    from sqlrl.train.rollouts import rollout_rows
     from tests.repo_tools import grpo_rows
 
     schemas = load_schemas(spider_dir / "tables.json")
@@ -92,18 +92,18 @@ def test_inference_prompts_are_the_training_prompts(spider_dir, tokenizer):
 
     reasoning = PromptBuilder(PromptSettings(**settings, rollout="reasoning"), spider_dir)
     asked = reasoning.messages(example.question, db_id="department_management")
-    trained = rollout_rows(grpo, "reasoning")[0]["prompt"]
+    trained = get_format("reasoning").rows(grpo)[0]["prompt"]
     assert asked[0]["content"] == REASONING_SYSTEM_PROMPT
     assert render_prompt(tokenizer, asked) == render_prompt(tokenizer, trained)
 
     agent_params = fixed_params("grpo.rollout=agent", "base.tokenizer=qwen2.5").grpo
     sft = [{"prompt": grpo[0]["prompt"], "completion": [{"role": "assistant", "content": "x"}]}]
-    SftFormatter(agent_params).format_rows(sft, grpo)
+    get_format("agent").sft_formatter(agent_params).format_rows(sft, grpo)
     trained_sft = tokenizer.apply_chat_template(
         sft[0]["prompt"], tools=sft[0]["tools"], add_generation_prompt=True, tokenize=False
     )
     trained_grpo = render_agent_prompt(
-        tokenizer, rollout_rows(grpo, "agent")[0]["prompt"], tool_schemas()
+        tokenizer, get_format("agent").rows(grpo)[0]["prompt"], tool_schemas()
     )
     agent = PromptBuilder(PromptSettings(**settings, rollout="agent"), spider_dir)
     asked = agent.messages(example.question, db_id="department_management")
@@ -418,11 +418,9 @@ def test_the_python_api_asks_an_agent_model_with_the_tool_and_returns_its_trace(
 
     model = model_folder(tmp_path / "agent_api", "agent")
     t2s = TextToSQL(model, spider_dir=spider_dir, max_new_tokens=8)
-    assert t2s.agent is not None and t2s.settings.rollout == "agent"
+    assert t2s.format.calls_tools and t2s.settings.rollout == "agent"
     count = "SELECT count(*) FROM singer"
-    t2s.agent.generator = ScriptedGenerator(
-        lambda prompt, turn: call(count) if turn == 0 else count
-    )
+    t2s.generator = ScriptedGenerator(lambda prompt, turn: call(count) if turn == 0 else count)
     answer = t2s.answer(SINGERS, db="concert_singer", execute=True)
     assert answer.sql == count and list(answer.verdict.rows) == [(6,)]
     assert answer.trace == {

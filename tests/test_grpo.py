@@ -509,7 +509,7 @@ def test_the_reasoning_rollout_trains_on_its_prompt_and_reports_its_format(
     rows as prepare wrote them otherwise), the format reward is weighted in by name, and
     metrics/grpo.json says how often the shape was right and how often no answer came (a
     random model: never right, never an answer). The sql rollout adds none of these keys."""
-    from sqlrl.train.rollouts import REASONING_SYSTEM_PROMPT
+    from sqlrl.formats.reasoning import REASONING_SYSTEM_PROMPT
     from tests.repo_tools import fixed_params
 
     systems = []
@@ -544,8 +544,8 @@ def test_the_reasoning_rollout_trains_on_its_prompt_and_reports_its_format(
 def test_rollout_metrics_of_an_agent_run():
     from collections import Counter
 
+    from sqlrl.formats.sql_environment import EpisodeStats
     from sqlrl.train.grpo import rollout_metrics
-    from sqlrl.train.sql_environment import EpisodeStats
 
     def execution_reward():
         pass

@@ -164,8 +164,8 @@ def test_scratch_base_saves_model_and_tokenizer(tmp_path):
 def _write_agent_sft(path, n=30):
     """Trajectory rows as prepare writes them in the agent format: the tool's schema, a call,
     the tool's answer, then the SQL."""
-    from sqlrl.data.trajectories import tool_call_message
-    from sqlrl.train.sql_environment import tool_schemas
+    from sqlrl.formats.agent import tool_call_message
+    from sqlrl.formats.sql_environment import tool_schemas
 
     rows = []
     for i in range(n):

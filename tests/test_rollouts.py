@@ -1,17 +1,14 @@
-"""The rollout formats (grpo.rollout): prompts, the strict answer extractors, the format reward."""
+"""The rollout formats (grpo.rollout, sqlrl/formats/): prompts, the strict answer extractors,
+the format reward."""
 
 from __future__ import annotations
 
 import pytest
 
+from sqlrl.formats import get_format
+from sqlrl.formats.agent import AGENT_SYSTEM_PROMPT, final_answer_sql
+from sqlrl.formats.reasoning import REASONING_SYSTEM_PROMPT, answer_sql
 from sqlrl.train.rewards import format_reward, make_rewards
-from sqlrl.train.rollouts import (
-    AGENT_SYSTEM_PROMPT,
-    REASONING_SYSTEM_PROMPT,
-    answer_sql,
-    final_answer_sql,
-    rollout_rows,
-)
 
 ROW = {
     "prompt": [{"role": "system", "content": "SQL only."}, {"role": "user", "content": "Q"}],
@@ -21,14 +18,14 @@ ROW = {
 
 def test_the_sql_rollout_leaves_the_rows_as_prepare_wrote_them():
     rows = [ROW]
-    assert rollout_rows(rows, "sql") is rows
+    assert get_format("sql").rows(rows) is rows
 
 
 @pytest.mark.parametrize(
     ("rollout", "system"), [("reasoning", REASONING_SYSTEM_PROMPT), ("agent", AGENT_SYSTEM_PROMPT)]
 )
 def test_other_rollouts_replace_only_the_system_prompt(rollout, system):
-    (row,) = rollout_rows([ROW], rollout)
+    (row,) = get_format(rollout).rows([ROW])
     assert row["prompt"] == [{"role": "system", "content": system}, ROW["prompt"][1]]
     assert row["gold_sql"] == ROW["gold_sql"] and ROW["prompt"][0]["content"] == "SQL only."
 

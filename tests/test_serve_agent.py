@@ -1,5 +1,5 @@
 """Serving an agent-format model: /generate and the OpenAI-compatible endpoint run the tool
-loop (sqlrl/serve/agent_answer.py) and return the trace next to the answer.
+loop (sqlrl/serve/inference.py) and return the trace next to the answer.
 
 Real: Qwen2.5's tokenizer and template, TRL's parser, the server's batching backend, Spider's
 concert_singer, the sandbox. Scripted: the model's turns (tests/test_agent_inference.py).
@@ -11,9 +11,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from sqlrl.data.prompt_settings import PromptSettings
+from sqlrl.formats.agent import AGENT_SYSTEM_PROMPT
 from sqlrl.serve import create_app
 from sqlrl.serve.backends import BatchingBackend
-from sqlrl.train.rollouts import AGENT_SYSTEM_PROMPT
 from tests.serve_helpers import LOCAL_URL, serve_config, serving
 from tests.test_agent_inference import SINGERS, ScriptedGenerator, call
 from tests.test_serve_playground import DB, ask, browser, wait_for  # noqa: F401  (browser)
@@ -26,7 +26,7 @@ AGENT = PromptSettings("compact", 0, "SQL only.", rollout="agent", max_turns=2)
 def tokenizer():
     """Qwen2.5's, with TRL's response parser already set (and TRL imported), as a server that
     has answered once holds it: a live server's start then waits for nothing else."""
-    from sqlrl.agent import with_response_parser
+    from sqlrl.formats.tool_loop import with_response_parser
     from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer
 
     return with_response_parser(build_qwen25_tokenizer())

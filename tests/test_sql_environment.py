@@ -12,8 +12,8 @@ import time
 
 import pytest
 
+from sqlrl.formats.sql_environment import SQLEnvironment, environment_factory
 from sqlrl.sql.executor import ExecLimits
-from sqlrl.train.sql_environment import SQLEnvironment, environment_factory
 from tests.repo_tools import REPO_ROOT
 
 
@@ -132,7 +132,7 @@ def test_trl_sees_one_tool_with_a_described_query_argument():
 ENVIRONMENTS_CHILD = """
 import json, sys
 from sqlrl.sql.executor import ExecLimits
-from sqlrl.train.sql_environment import environment_factory
+from sqlrl.formats.sql_environment import environment_factory
 spider, mode = sys.argv[1], sys.argv[2]
 factory, stats = environment_factory(ExecLimits(), 5, 10, 1000)
 def db(name):

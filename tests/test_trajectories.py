@@ -1,4 +1,4 @@
-"""SFT rows in grpo.rollout's format (sqlrl/data/trajectories.py) and what SFT trains on in
+"""SFT rows in grpo.rollout's format (the formats' sft_formatter, sqlrl/formats/) and what SFT trains on in
 them: the agent's tool call and answer, never the tool's answer.
 
 Real: Spider's department_management database and rows as prepare writes them, the GRPO
@@ -17,8 +17,9 @@ import torch
 
 from sqlrl.data.prompts import normalize_sql_whitespace
 from sqlrl.data.spider import load_examples, load_schemas
-from sqlrl.data.trajectories import SftFormatter, probe_query
-from sqlrl.train.rollouts import AGENT_SYSTEM_PROMPT, answer_sql, reasoning_format_score
+from sqlrl.formats import get_format
+from sqlrl.formats.agent import AGENT_SYSTEM_PROMPT, probe_query
+from sqlrl.formats.reasoning import answer_sql, reasoning_format_score
 from tests.repo_tools import fixed_params, grpo_rows, save_tiny_qwen
 
 
@@ -48,7 +49,7 @@ def _formatted(rows, *overrides):
     grpo, sft = rows
     sft = json.loads(json.dumps(sft))
     params = fixed_params(*overrides, "base.tokenizer=qwen2.5").grpo
-    stats = SftFormatter(params).format_rows(sft, grpo)
+    stats = get_format(params.rollout).sft_formatter(params).format_rows(sft, grpo)
     return sft, stats
 
 
@@ -105,7 +106,7 @@ def test_the_agent_prompt_is_the_one_grpo_renders(rows, tiny_qwen):
     same prompt (the environment's bound methods), token for token."""
     from transformers import AutoTokenizer
 
-    from sqlrl.train.sql_environment import SQLEnvironment
+    from sqlrl.formats.sql_environment import SQLEnvironment
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_qwen)
     row = _formatted(rows, "grpo.rollout=agent")[0][0]

@@ -183,9 +183,9 @@ def prepare(
     """Read the Spider release in `spider_dir` (and prepare.extra_train's files in
     `extra_dir`, prepare.extra_train_sets' in `raw_dir`), write the four JSONL files into
     `out_dir`, return metrics/prepare.json.
-    `sft_format` (sqlrl/data/trajectories.py's SftFormatter): sft.jsonl in grpo.rollout's
+    `sft_format` (the format's SftFormatter, sqlrl/formats/): sft.jsonl in grpo.rollout's
     format; None: the query alone. Passed in by the stage, so that what imports this module
-    (the evaluation sets' preparation) does not import the GRPO environment."""
+    (the evaluation sets' preparation) never builds the GRPO environment."""
     spider_dir, out_dir = Path(spider_dir), Path(out_dir)
     if not spider_dir.is_dir():
         raise SpiderDataError(

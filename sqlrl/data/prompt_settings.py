@@ -4,10 +4,11 @@ The sft stage writes them into models/sft and merge copies them into models/fina
 server builds prompts the way the served model was trained, whatever params.yaml the
 workspace holds now (another profile checked out, say).
 
-They include the model's answer format (grpo.rollout: sql, reasoning or agent, and for the
-agent the execute_sql tool's bounds), so evaluation, TextToSQL and the server ask a model the
-way it was trained (docs/rollouts.md). A folder without them (written before formats existed,
-or models/base, which has no file at all) answers in the `sql` format.
+They include the model's answer format (grpo.rollout: a name of sqlrl.formats' registry,
+and the fields that format saves: the agent's execute_sql bounds), so evaluation, TextToSQL
+and the server ask a model the way it was trained (docs/rollouts.md). A folder without them
+(written before formats existed, or models/base, which has no file at all) answers in the
+`sql` format.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sqlrl.errors import PipelineError
+from sqlrl.formats import FORMATS, get_format
 from sqlrl.jsonio import write_json
-from sqlrl.params import ROLLOUTS, SCHEMA_FORMATS
+from sqlrl.params import SCHEMA_FORMATS
 
 PROMPT_SETTINGS_FILE = "sqlrl_prompt.json"
 _TYPES = {
@@ -60,21 +62,11 @@ class PromptSettingsError(PipelineError, FileNotFoundError):
 
 
 def format_settings(grpo=None) -> dict:
-    """The answer-format fields of `grpo` (GrpoParams): the rollout, and the tool's bounds
-    for the agent only (they mean nothing to another format, so changing them leaves its
-    file alone); {} without grpo."""
+    """The answer-format fields of `grpo` (GrpoParams), as its format saves them (the
+    rollout; the agent adds its tool's bounds); {} without grpo."""
     if grpo is None:
         return {}
-    settings = {"rollout": grpo.rollout}
-    if grpo.rollout == "agent":
-        agent = grpo.agent
-        settings.update(
-            max_turns=agent.max_turns,
-            max_rows=agent.max_rows,
-            max_chars=agent.max_chars,
-            tool_timeout_s=float(grpo.reward_timeout_s),
-        )
-    return settings
+    return get_format(grpo.rollout).prompt_settings(grpo)
 
 
 def write_prompt_settings(model_dir: str | Path, prepare, schema_repair: bool, grpo=None) -> Path:
@@ -132,10 +124,10 @@ def _checked(path: Path, settings: dict, names) -> dict:
             raise PromptSettingsError(
                 f"{path}: {name} must be of type {kind.__name__}, got {value!r}"
             )
-    if "rollout" in names and settings["rollout"] not in ROLLOUTS:
+    if "rollout" in names and settings["rollout"] not in FORMATS:
         raise PromptSettingsError(
             f"{path}: unknown answer format rollout={settings['rollout']!r} (one of "
-            f"{', '.join(ROLLOUTS)}): this code cannot ask the model the way it was trained"
+            f"{', '.join(FORMATS)}): this code cannot ask the model the way it was trained"
         )
     low = [n for n in AGENT_FIELDS if n in names and not settings[n] > 0]
     if low:
@@ -155,8 +147,8 @@ class AnswerFormat:
     tool_timeout_s: float = 5.0  # one probe's time limit (grpo.reward_timeout_s)
 
     def __post_init__(self):
-        if self.rollout not in ROLLOUTS:
-            raise ValueError(f"rollout must be one of {ROLLOUTS}, got {self.rollout!r}")
+        if self.rollout not in FORMATS:
+            raise ValueError(f"rollout must be one of {tuple(FORMATS)}, got {self.rollout!r}")
 
 
 @dataclass(frozen=True)
@@ -186,12 +178,11 @@ class PromptSettings:
 
     def record(self) -> dict:
         """The settings as the server's /health shows them: the format fields only where
-        they mean something (none for `sql`, so a sql model's record is what it was; the
-        tool's bounds for `agent` only)."""
+        they mean something, as the format records them (none for `sql`, so a sql model's
+        record is what it was; the tool's bounds for `agent` only)."""
         shown = {name: getattr(self, name) for name in FIELDS}
-        hidden = FORMAT_FIELDS if self.rollout == "sql" else ()
-        hidden = AGENT_FIELDS if self.rollout == "reasoning" else hidden
-        return {k: v for k, v in shown.items() if k not in hidden}
+        recorded = get_format(self.rollout).recorded
+        return {k: v for k, v in shown.items() if k not in FORMAT_FIELDS or k in recorded}
 
     @property
     def answer_format(self) -> AnswerFormat:

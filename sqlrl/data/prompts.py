@@ -10,7 +10,6 @@ Two schema serialisations, chosen by `prepare.schema_format`:
 
 from __future__ import annotations
 
-import re
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from sqlrl.data.augment import mark_question
 from sqlrl.data.descriptions import read_descriptions
 from sqlrl.data.prompt_settings import PromptSettings
 from sqlrl.data.spider import PLAIN_IDENTIFIER, Column, Schema, Table, database_path
+from sqlrl.sql.extract import normalize_sql_whitespace  # SFT's targets; the formats' too
 
 SAMPLE_VALUE_CHARS = 40
 
@@ -150,15 +150,6 @@ def build_messages(
 def completion_message(sql: str) -> list[dict]:
     """The assistant turn for SFT: the gold SQL with Spider's stray whitespace collapsed."""
     return [{"role": "assistant", "content": normalize_sql_whitespace(sql)}]
-
-
-_QUOTED_OR_SPACE = re.compile(r"('(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|`[^`]*`)|\s+")
-
-
-def normalize_sql_whitespace(sql: str) -> str:
-    """Collapse runs of whitespace to one space, leaving quoted literals untouched."""
-    collapsed = _QUOTED_OR_SPACE.sub(lambda m: m.group(1) or " ", sql)
-    return collapsed.strip()
 
 
 def render_prompt(tokenizer, messages: list[dict]) -> str:

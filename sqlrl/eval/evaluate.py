@@ -14,9 +14,9 @@
   database lacks are mapped onto its own before scoring; the model's unrepaired SQL is kept
   in the prediction row as `before_repair`, and `repaired` counts the changed predictions.
 - The answer format: each model is asked in the format its folder records (sqlrl_prompt.json's
-  `rollout`; none, as models/base: `sql`): the format's system prompt in place of prepare's,
-  its extractor (sqlrl.train.rollouts.EXTRACTORS), and for `agent` the tool loop
-  (sqlrl/agent.py) on each question's database. `reasoning` and `agent` add their metrics to
+  `rollout`; none, as models/base: `sql`), through its Format (sqlrl/formats/): its system
+  prompt in place of prepare's, its inference loop (for `agent` the tool loop on each
+  question's database) and its extractor. `reasoning` and `agent` add their metrics to
   the split's (`rollout`; reasoning: mean_format_reward, no_answer_share; agent: episodes,
   tool_calls_per_episode, turns_per_episode, failed_tool_call_share, no_answer_share), and an
   agent's prediction rows carry the `trace` (each probe's query and observation, the final
@@ -51,6 +51,7 @@ from pathlib import Path
 from sqlrl.data.prompt_settings import AnswerFormat, read_answer_format
 from sqlrl.errors import PipelineError
 from sqlrl.eval.voting import vote_answers, votes_of
+from sqlrl.formats import get_format
 from sqlrl.jsonio import read_jsonl
 from sqlrl.sql.judge import default_workers
 
@@ -103,35 +104,6 @@ class Answers:
     stats: dict = field(default_factory=dict)  # the format's own metrics (none for sql)
 
 
-def answer_prompts(
-    prompts: list[str],
-    db_paths: list[str],
-    generator,
-    *,
-    num_samples: int,
-    temperature: float,
-    seed: int,
-    fix: Callable[[int, str], str] | None,
-    rules: str = "spider",
-    extract: Callable[[str], str] | None = None,
-) -> Answers:
-    """Generate and pick each prompt's SQL through the answer path the server and TextToSQL
-    share (sqlrl.answer): greedy (extract, then repair) or, with num_samples > 1, sample,
-    repair every candidate and vote by execution result (grouped by the benchmark's `rules`).
-    `extract`: the format's extractor (default: the `sql` format's extract_sql)."""
-    if not prompts:
-        return Answers([], [], [], None, 0.0)
-    start = time.perf_counter()
-    if num_samples > 1:
-        samples = generator.sample(prompts, num_samples, temperature, seed)
-    else:
-        samples = [[text] for text in generator.generate(prompts)]
-    seconds = time.perf_counter() - start
-    _check_count(samples, prompts)
-    answers = _picked(samples, db_paths, num_samples, fix, rules, extract)
-    return _collected(answers, num_samples, fix, seconds)
-
-
 def _picked(samples, db_paths, num_samples: int, fix, rules: str, extract) -> list:
     """Each question's Answer from its texts: one greedy text extracted and repaired, or
     several voted on by execution result."""
@@ -159,10 +131,11 @@ def _collected(answers: list, num_samples: int, fix, seconds: float) -> Answers:
     )
 
 
-def answer_agent(
+def answer_questions(
     messages: list[list[dict]],
     db_paths: list[str],
     loop,
+    answer_format,
     *,
     num_samples: int,
     temperature: float,
@@ -170,41 +143,26 @@ def answer_agent(
     fix: Callable[[int, str], str] | None,
     rules: str = "spider",
 ) -> Answers:
-    """The agent format's answers: `loop` (sqlrl.agent.AgentLoop) runs num_samples episodes
-    per question, and each episode's final answer ("" without one) goes through the same
-    answer path as a completion; the chosen episode's trace goes with its answer."""
-    from sqlrl.agent import agent_stats
-    from sqlrl.train.rollouts import final_answer_sql
-
+    """The answers to `messages` (each in the model's format): `loop`, the format's inference
+    loop (plain generation, or the agent's tool loop on each question's database), gives
+    num_samples samples per question (greedy for one), and they go through the answer path
+    the server and TextToSQL share (sqlrl.answer) with the format's extractor: greedy
+    (extract, then repair) or, with num_samples > 1, repair every candidate and vote by
+    execution result (grouped by the benchmark's `rules`). A tool loop's chosen episode's
+    trace goes with its answer; the format adds its metrics (`stats`)."""
     if not messages:
         return Answers([], [], [], None, 0.0)
     start = time.perf_counter()
-    sampled = temperature if num_samples > 1 else 0.0  # one answer: greedy, as answer_prompts
-    groups = loop.run(messages, db_paths, n=num_samples, temperature=sampled, seed=seed)
+    sampled = temperature if num_samples > 1 else 0.0  # one answer: greedy
+    asked = loop.ask(messages, db_paths, n=num_samples, temperature=sampled, seed=seed)
     seconds = time.perf_counter() - start
-    samples = [[episode.answer or "" for episode in group] for group in groups]
-    answers = _picked(samples, db_paths, num_samples, fix, rules, final_answer_sql)
+    samples = [question.texts for question in asked]
+    answers = _picked(samples, db_paths, num_samples, fix, rules, answer_format.extract)
     collected = _collected(answers, num_samples, fix, seconds)
-    collected.traces = [
-        group[a.chosen].trace(a.sql) for a, group in zip(answers, groups, strict=True)
-    ]
-    collected.stats = {"rollout": "agent", **agent_stats([e for g in groups for e in g])}
+    traces = [q.trace(a.chosen, a.sql) for q, a in zip(asked, answers, strict=True)]
+    collected.traces = traces if any(t is not None for t in traces) else None
+    collected.stats = answer_format.metrics(asked, collected.outputs)
     return collected
-
-
-def reasoning_stats(outputs: list[str]) -> dict:
-    """The reasoning format's metrics: the format reward's mean (the whole <think>/<answer>
-    shape) and the share of completions without a final <answer> to judge."""
-    from sqlrl.train.rollouts import answer_sql, reasoning_format_score
-
-    n = len(outputs)
-    if not n:
-        return {"rollout": "reasoning", "mean_format_reward": None, "no_answer_share": None}
-    return {
-        "rollout": "reasoning",
-        "mean_format_reward": round(sum(map(reasoning_format_score, outputs)) / n, 4),
-        "no_answer_share": round(sum(answer_sql(o) == "" for o in outputs) / n, 4),
-    }
 
 
 @dataclass
@@ -218,28 +176,18 @@ class Asker:
     tokenizer: object = None
 
     def __post_init__(self):
-        self.loop = None
-        if self.answer_format.rollout == "agent":
-            if self.tokenizer is None:
-                raise ValueError("an agent-format model's generator needs its tokenizer")
-            from sqlrl.agent import AgentLoop
-
-            self.loop = AgentLoop(self.generator, self.tokenizer, self.answer_format)
+        self.format = get_format(self.answer_format.rollout)
+        self.loop = self.format.inference_loop(
+            self.generator,
+            render=self.render,
+            tokenizer=self.tokenizer,
+            answer_format=self.answer_format,
+        )
 
     def answer(self, messages: list[list[dict]], db_paths: list[str], **decode) -> Answers:
         """The answers to prepare's `messages` (each put in the model's format first)."""
-        from sqlrl.train.rollouts import EXTRACTORS, rollout_prompt
-
-        rollout = self.answer_format.rollout
-        messages = [rollout_prompt(m, rollout) for m in messages]
-        if self.loop is not None:
-            return answer_agent(messages, db_paths, self.loop, **decode)
-        extract = EXTRACTORS[rollout] if rollout != "sql" else None
-        prompts = [self.render(m) for m in messages]
-        answers = answer_prompts(prompts, db_paths, self.generator, extract=extract, **decode)
-        if rollout == "reasoning":
-            answers.stats = reasoning_stats(answers.outputs)
-        return answers
+        messages = [self.format.prompt(m) for m in messages]
+        return answer_questions(messages, db_paths, self.loop, self.format, **decode)
 
 
 def _schema_fixer(rows: list[dict], todo: list[int], tables_json: str | Path):
@@ -439,13 +387,6 @@ def _add_majority(predictions: list[dict], todo: list[int], voted: Answers, repo
         predictions[i]["maj_pred"] = voted.sqls[k]
         predictions[i]["maj_ex"] = None if item.get("status") == "skipped" else item.get("ex")
         predictions[i]["votes"] = voted.votes[k]
-
-
-def _check_count(outputs: list, prompts: list[str]) -> None:
-    if len(outputs) != len(prompts):
-        raise RuntimeError(
-            f"the generator returned {len(outputs)} results for {len(prompts)} prompts"
-        )
 
 
 # --------------------------------------------------------------------------- a model

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
-from sqlrl.answer import Answer, answer_from, candidate_sqls, schema_repair
+from sqlrl.answer import Answer, candidate_sqls, schema_repair
 from sqlrl.data.prompt_settings import PromptSettings, PromptSettingsError
 from sqlrl.params import ParamsError, check_sampling
 from sqlrl.prompt_builder import InputError, PromptBuilder
@@ -321,10 +321,8 @@ class Service:
                 await self._warmup()
         else:
             await self.backend.start()
-        if self.settings.rollout == "agent":  # a template that cannot call tools: refused now
-            from sqlrl.agent import with_response_parser
-
-            with_response_parser(self.backend.tokenizer)
+        # the agent format refuses a chat template that cannot call tools now, not per request
+        self.format.check_tokenizer(self.backend.tokenizer)
         # the model, tokenizer and schemas live as long as the server: without this, each full
         # collection walks them all, a 0.2-0.5 s pause of every thread (the event loop too)
         # whenever a request allocates many objects (sqlglot parsing DDL)
@@ -441,20 +439,6 @@ class Service:
             )
         return question
 
-    def prompt_for(self, req: GenerateRequest) -> tuple[str, Path | None]:
-        """The rendered prompt and, for an execute request, the database file."""
-        question = self.check_request_text(req)
-        try:
-            db_path = self.prompts.check_db_id(req.db_id, need_file=True) if req.execute else None
-            messages = self.prompts.messages(
-                question, schema_str=req.schema_str, db_id=req.db_id, ddl=req.ddl
-            )
-        except InputError as exc:
-            raise HTTPError(exc.status, str(exc), param=exc.param) from None
-        from sqlrl.data.prompts import render_prompt
-
-        return render_prompt(self.backend.tokenizer, messages), db_path
-
     def check_prompt_length(self, prompt: str, max_new_tokens: int) -> int:
         """The prompt's tokens; a 413 past the tighter of --max-prompt-tokens and the context
         the backend reports (vLLM: the engine's max_model_len) minus max_new_tokens: vLLM
@@ -480,12 +464,9 @@ class Service:
         """(the SQL of each completion, the same before repair) through the answer path's
         first step (sqlrl.answer.candidate_sqls): extraction and, where the request's schema
         is known (db_id, ddl), its schema repair (eval.schema_repair)."""
-        from sqlrl.train.rollouts import EXTRACTORS
-
         repair = self.settings.schema_repair
         schema = self.prompts.schema(db_id=req.db_id, ddl=req.ddl) if repair else None
-        rollout = self.settings.rollout
-        extract = EXTRACTORS[rollout] if rollout != "sql" else None  # the model's format's
+        extract = self.format.extract  # the model's format's
         return candidate_sqls(texts, schema_repair(schema, req.question), extract)
 
     async def complete(self, prompt: str, opts: dict) -> list[str]:
@@ -517,34 +498,24 @@ class Service:
 
     async def answer(self, req: GenerateRequest) -> Served:
         """One request through the answer path every front end shares (/generate, the OpenAI
-        API, the playground): prompt, completions, then sqlrl.answer's steps, evaluation's
-        and TextToSQL's too (SQL, execution when asked, vote), each off the event loop. An
-        agent model's request runs its tool loop (sqlrl.serve.agent_answer)."""
-        if self.settings.rollout == "agent":
-            from sqlrl.serve.agent_answer import answer_agent
+        API, the playground): prompt, completions through the model's format's inference loop
+        (an agent model's runs its tool loop), then sqlrl.answer's steps, evaluation's and
+        TextToSQL's too (SQL, execution when asked, vote), each off the event loop
+        (sqlrl.serve.inference)."""
+        from sqlrl.serve.inference import answer_request
 
-            return await answer_agent(self, req)
-        opts, prompt, db_path, n_tokens = await self.off_loop(self.prepare, req)
-        t0 = time.perf_counter()
-        texts = await self.complete(prompt, opts)
-        gen_s = time.perf_counter() - t0
-        sqls, extracted = await self.off_loop(self.sqls_for, req, texts)
-        verdicts = None
-        if db_path is not None:
-            verdicts = await asyncio.to_thread(self.execute_all, db_path, sqls, opts["max_rows"])
-        answer = answer_from(texts, sqls, verdicts, extracted=extracted)
-        return Served(answer, texts, n_tokens, gen_s, opts)
+        return Served(*await answer_request(self, req))
+
+    @property
+    def format(self):
+        """The model's answer format (sqlrl.formats), as its sqlrl_prompt.json records it."""
+        from sqlrl.formats import get_format
+
+        return get_format(self.settings.rollout)
 
     async def generate(self, req: GenerateRequest) -> dict:
         """The /generate response for a request."""
         return generate_body(req, await self.answer(req))
-
-    def prepare(self, req: GenerateRequest) -> tuple[dict, str, Path | None, int]:
-        """Settings, prompt, database file and prompt tokens of a request: the CPU work
-        (DDL parsing, tokenization) that `off_loop` keeps off the event loop."""
-        opts = self.settings_for(req)
-        prompt, db_path = self.prompt_for(req)
-        return opts, prompt, db_path, self.check_prompt_length(prompt, opts["max_new_tokens"])
 
     async def off_loop(self, fn, *args):
         """`fn(*args)` in the prepare pool: the loop keeps serving, at most PREPARE_WORKERS

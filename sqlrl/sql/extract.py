@@ -173,3 +173,14 @@ def _tidy(sql: str) -> str:
     if len(sql) > 1 and sql.startswith("`") and sql.endswith("`") and "`" not in sql[1:-1]:
         sql = sql[1:-1].strip()
     return sql.rstrip("; \t\r\n")
+
+
+_QUOTED_OR_SPACE = re.compile(r"('(?:[^']|'')*'|\"(?:[^\"]|\"\")*\"|`[^`]*`)|\s+")
+
+
+def normalize_sql_whitespace(sql: str) -> str:
+    """Collapse runs of whitespace to one space, leaving quoted literals untouched: the SQL
+    of SFT's targets (sqlrl.data.prompts, and the reasoning format's <answer>). Here, with the
+    other SQL text helpers, so sqlrl.formats needs nothing of sqlrl.data."""
+    collapsed = _QUOTED_OR_SPACE.sub(lambda m: m.group(1) or " ", sql)
+    return collapsed.strip()

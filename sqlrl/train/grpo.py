@@ -1,9 +1,9 @@
 """GRPO with the execution reward: TRL's GRPOTrainer on the SFT model with a LoRA adapter.
 
 The prompts come from the grpo_prompts stage (sqlrl/train/grpo_prompts.py); grpo.rollout picks
-how completions answer (docs/rollouts.md): the agent rollout hands TRL the execute_sql
-environment (sqlrl/train/sql_environment.py) and TRL runs the tool loop; the default `sql`
-rollout passes the trainer exactly what it got before rollouts existed.
+how completions answer (docs/rollouts.md), and its Format (sqlrl/formats/) what the trainer
+gets for it: the agent's hands TRL the execute_sql environment and TRL runs the tool loop; the
+default `sql` format passes the trainer exactly what it got before formats existed.
 Rollouts use transformers generation, or vLLM where installed and asked for: colocated on the
 training GPUs, or a separate server (grpo.vllm_mode: server, checked before the model loads).
 The policy's weights are kept in fp32 whatever the SFT model is saved in, bf16 coming from
@@ -27,6 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 from sqlrl.errors import PipelineError
+from sqlrl.formats import get_format
 from sqlrl.hardware import resolve_bf16, set_torch_threads
 from sqlrl.outputs import save_atomically
 from sqlrl.params import GrpoParams
@@ -44,7 +45,6 @@ from sqlrl.train.checkpoints import (
     run_fingerprint,
 )
 from sqlrl.train.rewards import reward_weight_list
-from sqlrl.train.rollouts import rollout_rows
 from sqlrl.train.vllm_server import require_vllm, wait_for_server
 
 log = logging.getLogger(__name__)
@@ -149,28 +149,9 @@ def grpo_config(params: GrpoParams, seed: int, output_dir: str, world_size: int 
 
 
 def rollout_settings(params: GrpoParams) -> dict:
-    """GRPOConfig settings only the agent rollout sets (none otherwise: the default run's
-    config is what it was before rollouts existed): TRL's tool turns, grpo.agent.max_turns."""
-    if params.rollout != "agent":
-        return {}
-    return {"max_tool_calling_iterations": params.agent.max_turns}
-
-
-def agent_environment(params: GrpoParams):
-    """(environment_factory, stats) for GRPOTrainer in the agent rollout, else (None, None):
-    the execute_sql tool with the reward's time limit and grpo.agent's bounds."""
-    if params.rollout != "agent":
-        return None, None
-    from sqlrl.sql.executor import ExecLimits
-    from sqlrl.train.sql_environment import environment_factory
-
-    agent = params.agent
-    return environment_factory(
-        ExecLimits(timeout_s=params.reward_timeout_s),
-        agent.max_turns,
-        agent.max_rows,
-        agent.max_chars,
-    )
+    """GRPOConfig settings only the rollout's format sets (none for `sql`: the default run's
+    config is what it was before formats existed; the agent's: TRL's tool turns)."""
+    return get_format(params.rollout).trainer_settings(params)
 
 
 def check_vllm_server(params: GrpoParams) -> int | None:
@@ -328,7 +309,8 @@ def train_grpo(
     set_seed(seed)
     timer = StepTimer()
     model, tokenizer = load_policy(sft_dir)
-    dataset = Dataset.from_list(rollout_rows(rows, params.rollout))
+    answer_format = get_format(params.rollout)
+    dataset = Dataset.from_list(answer_format.rows(rows))  # the format's system prompt
     fingerprint = grpo_fingerprint(params, seed, sft_dir, rows)
     resume_from = prepare_checkpoints(checkpoint_dir, fingerprint, params.resume, writer)
     wait_for_everyone()
@@ -337,7 +319,7 @@ def train_grpo(
         live, callback = dvclive_callback(dvclive_dir, resume_from)
         callbacks.append(callback)
     args = grpo_config(params, seed, str(checkpoint_dir), world_size())
-    factory, episodes = agent_environment(params)
+    factory, episodes = answer_format.environment(params)  # the agent's tool, else None
     agent = {"environment_factory": factory} if factory is not None else {}
     with vllm_cpu_keeps_linear_weights():  # the colocated engine is built here; a no-op on GPUs
         trainer = GRPOTrainer(
@@ -356,7 +338,7 @@ def train_grpo(
         patched.enter_context(completion_logits_only_on_cpu())
         if not args.use_vllm:
             patched.enter_context(shared_prompt_prefill(trainer.model))
-        if params.rollout == "agent":
+        if answer_format.calls_tools:
             patched.enter_context(per_turn_completion_budget(trainer))
         start = time.perf_counter()
         trainer.train(resume_from_checkpoint=resume_from)
@@ -388,11 +370,11 @@ def train_grpo(
 
 
 def rollout_metrics(params: GrpoParams, history: list[dict], episodes, reward_funcs) -> dict:
-    """The rollout format's own metrics (none for `sql`): the format reward's mean where it is
-    weighted in; for the agent, tool calls per episode, the share of calls that failed (SQL
-    errors, time-outs, refusals, calls past max_turns) and the share of episodes that ended
-    without a final answer (as execution_reward found them)."""
-    if params.rollout == "sql":
+    """The rollout format's own metrics (none for `sql`, whose Format reports none): the
+    format reward's mean where it is weighted in; for the agent, tool calls per episode, the
+    share of calls that failed (SQL errors, time-outs, refusals, calls past max_turns) and the
+    share of episodes that ended without a final answer (as execution_reward found them)."""
+    if not get_format(params.rollout).reports:
         return {}
     out: dict = {"rollout": params.rollout}
     key = "rewards/format_reward/mean"

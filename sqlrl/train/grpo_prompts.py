@@ -16,13 +16,6 @@ from sqlrl.params import GrpoParams
 ROW_KEYS = ("prompt", "gold_sql", "db_id", "question", "db_path")  # a GRPO row: prepare writes them
 
 
-def pass_rate_rollout(rollout: str) -> str:
-    """The rollout format the pass rates are sampled in: the training one, except that the
-    agent's is `sql`: the pass-rate generator runs no tool loop, and a question the model
-    answers directly some of the time is one it can learn to answer with the tool's help."""
-    return "sql" if rollout == "agent" else rollout
-
-
 @dataclass
 class SelectionStats:
     candidates: int = 0

@@ -41,7 +41,7 @@ def _column(values, n: int) -> list:
 
 def _items(completions, db_path, gold_sql, repair=None, extract=extract_sql) -> list[Item]:
     """(database, gold, predicted SQL) per completion, its SQL read by `extract` (the
-    rollout's: sqlrl/train/rollouts.py); `repair(i, sql)` rewrites the SQL."""
+    rollout's Format's, sqlrl/formats/); `repair(i, sql)` rewrites the SQL."""
     n = len(completions)
     paths, golds = _column(db_path, n), _column(gold_sql, n)
     if len(paths) != n or len(golds) != n:
@@ -194,7 +194,7 @@ def make_execution_reward(
 def format_reward(completions, **kwargs) -> list[float]:
     """1.0 for a completion shaped as the reasoning rollout asks (<think>...</think> then
     <answer>...</answer> and nothing after), else 0.0; it reads no database."""
-    from sqlrl.train.rollouts import reasoning_format_score
+    from sqlrl.formats.reasoning import reasoning_format_score
 
     return [reasoning_format_score(c) for c in completions]
 
@@ -242,14 +242,14 @@ def reward_registry(params, spider_dir: str | Path, rollout: str | None = None) 
     prompt selection and in training, so a prompt's pass rate is measured by the reward it
     is trained on. Schema repair reads the schemas from spider_dir/tables.json."""
     from sqlrl.data.spider import load_schemas
-    from sqlrl.train.rollouts import EXTRACTORS
+    from sqlrl.formats import get_format
 
     schemas = load_schemas(Path(spider_dir) / "tables.json") if params.schema_repair else None
     execution, syntax = make_rewards(
         ExecLimits(timeout_s=params.reward_timeout_s),
         schemas=schemas,
         executable_credit=params.executable_credit,
-        extract=EXTRACTORS[rollout or params.rollout],
+        extract=get_format(rollout or params.rollout).extract,
     )
     return {"execution": execution, "syntax": syntax, "format": format_reward}
 

@@ -7,7 +7,7 @@
   token (its own loss, DDP-safe; the output layer runs only where there is a loss), and
   `sft.prompt_loss_sample` < 1 estimates the prompt's share of it on a random sample of its
   tokens (the same expected gradient, less output-layer work). Otherwise TRL's own loss.
-- Rows in the agent format (sqlrl/data/trajectories.py: a tool call, the tool's answer, the
+- Rows in the agent format (sqlrl/formats/agent.py: a tool call, the tool's answer, the
   final query) carry the tool's schema (`tools`, rendered by the chat template as GRPO renders
   it) and are trained with TRL's assistant_only_loss: its training variant of Qwen2.5's
   template marks the assistant's turns, so the tool's answer (and the turn markers around it)

@@ -8,7 +8,7 @@ For each Spider train question (train_spider.json, every --every-th) whose gold 
 three queries run through the GRPO tool itself (SQLEnvironment with the profile's
 grpo.agent.max_rows, max_chars and grpo.reward_timeout_s) on the question's database:
 - probe: SFT's trajectory call, `SELECT * FROM <the gold's main table> LIMIT 3`
-  (sqlrl/data/trajectories.py);
+  (sqlrl/formats/agent.py);
 - table: that table without the LIMIT (what max_rows and max_chars bound);
 - gold: the gold query itself (a draft answer checked before answering).
 Each is counted in Qwen2.5's real tokenizer (offline: sqlrl/model/qwen_tokenizer.py) as TRL
@@ -34,12 +34,11 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from sqlrl.data.prompts import build_messages, normalize_sql_whitespace  # noqa: E402
-from sqlrl.data.trajectories import probe_query, tool_call_message  # noqa: E402
+from sqlrl.formats.agent import AGENT_SYSTEM_PROMPT, probe_query, tool_call_message  # noqa: E402
+from sqlrl.formats.sql_environment import SQLEnvironment, tool_schemas  # noqa: E402
 from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer  # noqa: E402
 from sqlrl.params import compose_params, params_from_dict  # noqa: E402
 from sqlrl.sql.executor import ExecLimits  # noqa: E402
-from sqlrl.train.rollouts import AGENT_SYSTEM_PROMPT  # noqa: E402
-from sqlrl.train.sql_environment import SQLEnvironment, tool_schemas  # noqa: E402
 
 SPIDER = REPO / "data/raw/spider"
 QUANTILES = (("median", 0.5), ("p90", 0.9), ("p99", 0.99), ("max", 1.0))

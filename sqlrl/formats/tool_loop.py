@@ -1,6 +1,7 @@
 """The agent format at inference: the tool loop TRL 1.16's GRPOTrainer runs in training
 (`_tool_call_loop`), run over a `Generator` (sqlrl/model/generate.py), so evaluation,
-TextToSQL and the server ask an agent model the way it was trained (docs/rollouts.md).
+TextToSQL and the server ask an agent model the way it was trained (docs/rollouts.md). The
+agent format (sqlrl/formats/agent.py) hands it out as its inference loop.
 
 Each turn, every episode still going is rendered with the tokenizer's chat template and the
 tool's schema (`render_agent_prompt`: TRL's `apply_chat_template(..., tools=...,
@@ -18,15 +19,16 @@ One difference from training, which this cannot avoid: TRL appends the generated
 themselves to the next turn's prompt, while a Generator returns text, so the assistant's call
 is re-rendered by the chat template (SFT's trajectories were rendered the same way).
 
-Training never imports this module; it imports sqlrl.train's environment and formats.
+Training never imports this module; it runs TRL's own loop over the same environment.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
-from sqlrl.data.prompt_settings import AnswerFormat
-from sqlrl.train.sql_environment import tool_schemas  # the schema training rendered
+from sqlrl.formats.base import Asked
+from sqlrl.formats.sql_environment import tool_schemas  # the schema training rendered
 
 TOOL_NAME = "execute_sql"
 
@@ -120,7 +122,9 @@ def call_query(call) -> str:
 class AgentLoop:
     """Runs agent episodes over a Generator (see the module docstring)."""
 
-    def __init__(self, generator, tokenizer, answer_format: AnswerFormat):
+    def __init__(self, generator, tokenizer, answer_format):
+        """`answer_format`: the model's (sqlrl.data.prompt_settings.AnswerFormat): the tool's
+        bounds it was trained with."""
         from sqlrl.sql.executor import ExecLimits
 
         self.generator = generator
@@ -163,8 +167,29 @@ class AgentLoop:
                 self._step(episode, environments[id(episode)], prompt, text, last)
         return groups
 
+    def first_prompt(self, messages: list[dict]) -> str:
+        """The first turn's prompt text (the tool's schema in it), as a length check counts it."""
+        return render_agent_prompt(self.tokenizer, messages, self.tools)
+
+    def ask(self, prompts, db_paths, *, n=1, temperature=0.0, seed=0) -> list[Asked]:
+        """`run`'s episodes as the inference loops' answers: one Asked per prompt, each
+        episode's answer ("" without one) with the episode behind it."""
+        groups = self.run(prompts, db_paths, n=n, temperature=temperature, seed=seed)
+        return [Asked([e.answer or "" for e in group], group) for group in groups]
+
+    async def ask_async(
+        self, messages: list[dict], db_path, *, prompt: str, n: int, temperature: float, seed: int
+    ) -> Asked:
+        """One question for the server: the synchronous loop in a worker thread, each turn's
+        generation handed to the event loop by the server's generator (its batching); the
+        `prompt` was checked already."""
+        [asked] = await asyncio.to_thread(
+            self.ask, [messages], [db_path], n=n, temperature=temperature, seed=seed
+        )
+        return asked
+
     def _environment(self, episode: Episode):
-        from sqlrl.train.sql_environment import SQLEnvironment
+        from sqlrl.formats.sql_environment import SQLEnvironment
 
         environment = SQLEnvironment(
             self.limits, self.format.max_turns, self.format.max_rows, self.format.max_chars
