@@ -19,7 +19,7 @@ import httpx
 import pytest
 
 from sqlrl.serve.cli import for_bind_address
-from sqlrl.serve.service import ServeConfig
+from sqlrl.serve.config import ServeConfig
 from sqlrl.serve.trust import PAGE_TOKEN_HEADER, PageTokens, host_name, key_id
 from tests.repo_tools import REPO_ROOT, SPIDER_DIR
 from tests.serve_helpers import COUNT_SQL, PAIRS, page_token, server_process, trained_model

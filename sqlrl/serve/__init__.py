@@ -6,10 +6,11 @@
 `POST /generate` {"question": ..., and one of "schema_str" | "db_id" | "ddl"} -> {"sql": ...};
 optional "execute" (db_id only: rows from the read-only executor), "max_new_tokens",
 "temperature", "num_samples" (execution-based voting when executing), "seed", "max_rows".
-`POST /v1/chat/completions`: the OpenAI chat API over the same answer path (openai_api.py).
+`POST /v1/chat/completions`: the OpenAI chat API over the same answer path (routes/openai.py).
 `GET /`: the playground page, with `POST /execute` (run SQL read-only) and `POST /feedback`
-(judgements into --feedback-db, exported by `python -m sqlrl.feedback export`; playground.py).
-`GET /health`, `GET /v1/models`, `GET /databases`.
+(judgements into --feedback-db, exported by `python -m sqlrl.feedback export`;
+routes/playground.py). `GET /health`, `GET /v1/models`, `GET /databases`,
+`GET /databases/{db_id}` (routes/native.py). The layers: service.py's docstring.
 
 Prompts are built by sqlrl.data.prompts with the prompt settings saved in the model folder
 (sqlrl_prompt.json, written by the sft stage), never the workspace's params.yaml; flags override
@@ -27,8 +28,10 @@ from __future__ import annotations
 
 from sqlrl.data.prompt_settings import PromptSettings
 from sqlrl.prompt_builder import schema_from_ddl
+from sqlrl.serve.application import create_app
 from sqlrl.serve.cli import config_from_env, main
-from sqlrl.serve.service import GenerateRequest, ServeConfig, create_app
+from sqlrl.serve.config import ServeConfig
+from sqlrl.serve.service import GenerateRequest
 
 __all__ = [
     "GenerateRequest",

@@ -16,7 +16,7 @@ import typing
 from dataclasses import fields
 
 from sqlrl.params import parse_bool
-from sqlrl.serve.service import ServeConfig
+from sqlrl.serve.config import ServeConfig
 
 ENV_PREFIX = "SQLRL_"
 # how large a request head uvicorn (h11) reads: far above --max-header-bytes, so that an
@@ -212,7 +212,7 @@ def main(argv=None) -> int:
     import uvicorn
 
     from sqlrl.data.prompt_settings import PromptSettingsError
-    from sqlrl.serve.service import create_app
+    from sqlrl.serve.application import create_app
 
     args = build_parser().parse_args(argv)
     values = {f.name: getattr(args, f.name) for f in fields(ServeConfig)}

@@ -1,55 +1,41 @@
-"""The FastAPI application: `create_app(ServeConfig(...))`. (This module is `service`, not
-`app`, so that `sqlrl.serve.app` is the uvicorn app object.)
+"""The service behind the routes: one request's answer, without HTTP. `Service` holds the
+configuration, the prompt builder, the backend and the counters; it checks a request's
+settings against the server's bounds, builds its prompt, generates through the backend (with
+a deadline, 504, and a bounded queue, 503), extracts, repairs and votes, and runs SQL
+read-only. DDL parsing and tokenization run in a small worker pool off the event loop.
 
-Requests are parsed by hand (size cap, read deadline, strict UTF-8, JSON object) and then
-validated by a strict pydantic model (`extra="forbid"`, no type coercion), so every input the
-server cannot understand gets a 4xx whose `detail` says what is wrong. Generation has a deadline
-(504) and a bounded queue (503); anything else that fails is logged and answered with a 500 that
-names nothing internal. None of them stops the server.
-
-For a public deployment: request heads are capped (431), an optional API key guards every route
-but a minimal /health (401), DDL parsing and tokenization run in a small worker pool off the event
-loop, and a request whose client has gone is cancelled, so it never reaches the model.
+The layers (none imports a layer above it): `config` (ServeConfig) -> `service` (this) ->
+`http` (bodies, limits, the API key, error shapes) -> `routes/` (native, openai, playground)
+-> `application` (create_app). Requests reach this module already parsed by `http.parse_body`
+(size cap, read deadline, strict UTF-8, a strict pydantic model), so an input the server
+cannot understand got a 4xx saying what is wrong before it got here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import gc
-import json
 import logging
 import math
 import secrets
-import sys
 import time
 import unicodedata
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
-from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse
-from fastapi_offline import FastAPIOffline
-from pydantic import BaseModel, ConfigDict, ValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.requests import ClientDisconnect
+from pydantic import BaseModel, ConfigDict
 
 from sqlrl.answer import Answer, candidate_sqls, schema_repair
-from sqlrl.data.prompt_settings import PromptSettings, PromptSettingsError
 from sqlrl.params import ParamsError, check_sampling
 from sqlrl.prompt_builder import InputError, PromptBuilder
-from sqlrl.serve.backends import BackendOptions, Busy, NotReady, make_backend
+from sqlrl.serve.backends import Busy, NotReady, make_backend
+from sqlrl.serve.config import ServeConfig, prompt_settings_for
 from sqlrl.serve.http_errors import (
-    CLOSE,
     HTTPError,
     check_text,
-    error_body,
-    validation_message,
-    validation_param,
 )
-from sqlrl.serve.trust import LOOPBACK_HOSTS, RequestGuard, split_list
 
 log = logging.getLogger("sqlrl.serve")
 
@@ -57,107 +43,6 @@ log = logging.getLogger("sqlrl.serve")
 # probabilities (vLLM clamps to the same 0.01); 0 means greedy
 MIN_TEMPERATURE = 0.01
 PREPARE_WORKERS = 2  # threads parsing DDL, tokenizing and repairing SQL, off the loop
-DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
-
-
-@dataclass
-class ServeConfig:
-    """Everything the server is configured with (CLI flags / SQLRL_* environment variables)."""
-
-    model: str = "models/final"
-    spider_dir: str = "data/raw/spider"  # named databases (relative: to the working directory)
-    backend: str = "auto"  # auto | transformers | vllm
-    vllm_engine: str = "auto"  # auto | async | llm
-    # prompt settings: the model folder's sqlrl_prompt.json; each of these overrides one
-    schema_format: str | None = None  # prepare.schema_format
-    sample_rows: int | None = None  # prepare.sample_rows
-    system_prompt: str | None = None  # prepare.system_prompt
-    mark_schema_mentions: bool | None = None  # prepare.mark_schema_mentions
-    schema_repair: bool | None = None  # eval.schema_repair
-    sample_rows_token_budget: int | None = None  # prepare.max_prompt_tokens
-    dtype: str | None = None
-    torch_threads: int = 0  # CPU threads for torch (0: the usable cores)
-    # batching and deadlines
-    max_batch_size: int = 16
-    batch_wait_ms: float = 10.0
-    max_queue: int = 256
-    request_timeout_s: float = 120.0
-    # input limits
-    max_body_bytes: int = 256 * 1024
-    max_question_chars: int = 2000
-    max_schema_chars: int = 100_000
-    max_ddl_chars: int = 32_000  # DDL is parsed (sqlglot): its cost grows with length
-    max_header_bytes: int = 16 * 1024  # request line and headers (431 beyond)
-    body_timeout_s: float = 10.0  # the whole body must arrive within it (408 beyond)
-    api_key: str | None = None  # when set: Authorization: Bearer <key> (401 without)
-    # browsers (sqlrl.serve.trust): host names besides the loopback ones ("*": any), and web
-    # origins besides the server's own that may POST; both comma-separated
-    allowed_hosts: str | None = None
-    allowed_origins: str | None = None
-    max_prompt_tokens: int = 0  # 0: the model's context minus max_new_tokens
-    # generation settings: defaults and bounds
-    max_new_tokens: int = 128  # default per request
-    max_new_tokens_limit: int = 512
-    max_num_samples: int = 16
-    max_temperature: float = 2.0
-    sample_temperature: float = 0.8  # used when num_samples > 1 and none is given
-    seed: int | None = None  # None: a fresh seed per sampled request (reported in its answer)
-    # execution
-    exec_timeout_s: float = 5.0
-    max_rows: int = 100  # rows returned at most (a request may ask fewer)
-    # feedback (POST /feedback, the playground): a SQLite file; None: feedback is off
-    feedback_db: str | None = None
-    warmup: bool = True  # one short generation at startup (first call is slow)
-
-    def backend_options(self) -> BackendOptions:
-        return BackendOptions(
-            backend=self.backend,
-            vllm_engine=self.vllm_engine,
-            max_batch_size=self.max_batch_size,
-            batch_wait_s=self.batch_wait_ms / 1000.0,
-            max_queue=self.max_queue,
-            default_max_new_tokens=self.max_new_tokens,
-            seed=self.seed or 0,
-            dtype=self.dtype,
-            torch_threads=self.torch_threads,
-        )
-
-    @classmethod
-    def field_names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
-
-    def prompt_overrides(self) -> dict:
-        """{prompt setting: override or None}, keyed as in sqlrl_prompt.json."""
-        return {name: getattr(self, field) for name, field in PROMPT_OVERRIDES.items()}
-
-
-# prompt setting (sqlrl_prompt.json) -> the ServeConfig field (and flag) that overrides it;
-# prepare.max_prompt_tokens has another name here: max_prompt_tokens is the request limit
-PROMPT_OVERRIDES = {
-    "schema_format": "schema_format",
-    "sample_rows": "sample_rows",
-    "system_prompt": "system_prompt",
-    "mark_schema_mentions": "mark_schema_mentions",
-    "schema_repair": "schema_repair",
-    "max_prompt_tokens": "sample_rows_token_budget",
-}
-
-
-def prompt_settings_for(config: ServeConfig) -> PromptSettings:
-    """The served model's prompt settings (PromptSettings.for_model), with the overrides of
-    `config`; a model folder without them is an error that names the flags to give."""
-    overrides = config.prompt_overrides()
-    try:
-        return PromptSettings.for_model(config.model, **overrides)
-    except PromptSettingsError as exc:
-        flags = ", ".join(
-            "--" + PROMPT_OVERRIDES[name].replace("_", "-")
-            for name, value in overrides.items()
-            if value is None
-        )
-        raise PromptSettingsError(
-            f"{exc}. To serve this model anyway, give the settings it was trained with: {flags}"
-        ) from None
 
 
 class GenerateRequest(BaseModel):
@@ -199,48 +84,6 @@ def _json_rows(rows) -> list[list]:
 
 
 # --------------------------------------------------------------------------- bodies
-
-
-def json_object(body: bytes, example: str) -> dict:
-    """A request body as a JSON object, or a 400/422 saying why it is not one (empty, not
-    UTF-8, not JSON, nested past the parser, a number longer than Python converts)."""
-    if not body.strip():
-        raise HTTPError(400, f"empty request body: send a JSON object such as {example}")
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise HTTPError(
-            400, f"request body is not valid UTF-8 (byte {exc.start}: {exc.reason})"
-        ) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise HTTPError(400, f"request body is not valid JSON: {exc}") from None
-    except RecursionError:
-        raise HTTPError(400, "request body is nested too deeply") from None
-    except ValueError:  # an integer longer than Python converts
-        raise HTTPError(
-            400, f"request body has a number of more than {sys.get_int_max_str_digits()} digits"
-        ) from None
-    if not isinstance(data, dict):
-        raise HTTPError(422, f"request body must be a JSON object, got {type(data).__name__}")
-    return data
-
-
-def check_json_content_type(request: Request) -> None:
-    """A 415 unless the body is declared JSON: `text/plain` and form bodies are what a page on
-    another site can send without asking first (sqlrl.serve.trust)."""
-    declared = request.headers.get("content-type", "")
-    media_type = declared.partition(";")[0].strip().lower()
-    if media_type != "application/json":
-        raise HTTPError(
-            415,
-            f"the body must be JSON sent as Content-Type: application/json, not {declared[:80]!r}"
-            if declared
-            else "the body must be JSON sent as "
-            "Content-Type: application/json (the request has no Content-Type)",
-            CLOSE,
-        )
 
 
 def verdict_body(verdict) -> dict:
@@ -522,19 +365,6 @@ class Service:
         requests use the CPU at once, and a cancelled request's queued work is dropped."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    async def unless_disconnected(self, request: Request, coro):
-        """`coro`'s result; when the client goes away first, `coro` is cancelled (a queued
-        generation is dropped before the model, vLLM aborts it) and the answer is a 499."""
-        task = asyncio.ensure_future(coro)
-        try:
-            while not task.done():
-                await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-                if not task.done() and await request.is_disconnected():
-                    raise HTTPError(499, "the client closed the connection")
-            return task.result()
-        finally:
-            task.cancel()
-
     def execute_all(self, db_path: Path, sqls: list[str], max_rows: int):
         """Each SQL run read-only by this thread's sandboxed executor (sqlrl.sql.executor)."""
         from sqlrl.sql.executor import ExecLimits, default_executor
@@ -560,54 +390,6 @@ class Service:
         return {"db_id": db_id, **verdict_body(verdict)}
 
     # ------------------------------------------------------------------ request bodies
-    async def read_body(self, request: Request) -> bytes:
-        """The raw body, refused past --max-body-bytes (413, declared or counted) or when it
-        does not arrive within --body-timeout-s (408); both close the connection."""
-        limit = self.config.max_body_bytes
-        declared = request.headers.get("content-length")
-        if (
-            declared is not None
-            and declared.isascii()
-            and declared.isdigit()
-            and int(declared) > limit
-        ):
-            raise HTTPError(
-                413, f"request body is {declared} bytes, over the server's limit of {limit}", CLOSE
-            )
-        chunks, size = [], 0
-        try:
-            async with asyncio.timeout(self.config.body_timeout_s):
-                async for chunk in request.stream():
-                    size += len(chunk)
-                    if size > limit:
-                        raise HTTPError(
-                            413, f"request body is over the server's limit of {limit} bytes", CLOSE
-                        )
-                    chunks.append(chunk)
-        except TimeoutError:
-            raise HTTPError(
-                408, f"request body not received within {self.config.body_timeout_s:g} s", CLOSE
-            ) from None
-        except ClientDisconnect:
-            raise HTTPError(499, "the client closed the connection") from None
-        return b"".join(chunks)
-
-    async def parse_body(self, request, model: type[BaseModel] = None, example: str = ""):
-        """The body as a `model` (GenerateRequest by default): a JSON object in UTF-8 that
-        the strict model accepts, or a 4xx saying what is wrong with it."""
-        model = model or GenerateRequest
-        check_json_content_type(request)
-        data = json_object(
-            await self.read_body(request), example or '{"question": "...", "db_id": "..."}'
-        )
-        try:
-            return model.model_validate(data)
-        except ValidationError as exc:
-            raise HTTPError(
-                422, validation_message(exc, list(model.model_fields)), param=validation_param(exc)
-            ) from None
-
-    # ------------------------------------------------------------------ info
     def health(self) -> dict:
         b = self.backend
         return {
@@ -642,201 +424,3 @@ class Service:
             "backend": getattr(self.backend, "name", None),
             "max_new_tokens_limit": self.config.max_new_tokens_limit,
         }
-
-
-class HeaderLimit:
-    """A 431 for a request line and headers over `limit` bytes. (Alone, uvicorn's h11 answers
-    a head over its read limit with a 400 and closes the socket unread, which the client sees
-    as a reset; cli.uvicorn_config reads heads far larger, so this answers them.)"""
-
-    def __init__(self, app, limit: int, counts: Counter):
-        self.app, self.limit, self.counts = app, limit, counts
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            size = (
-                len(scope.get("raw_path", b""))
-                + len(scope.get("query_string", b""))
-                + sum(len(name) + len(value) + 4 for name, value in scope["headers"])
-            )
-            if size > self.limit:
-                self.counts["431"] += 1
-                message = (
-                    f"request headers are {size} bytes, over the server's limit of {self.limit}"
-                )
-                response = JSONResponse(
-                    error_body(scope.get("path", ""), 431, message),
-                    status_code=431,
-                    headers=CLOSE,
-                )
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def create_app(
-    config: ServeConfig | None = None,
-    *,
-    backend=None,
-    prompt_settings: PromptSettings | None = None,
-    **overrides,
-):
-    """The FastAPI app. The model is loaded at startup (lifespan), not here.
-
-    `backend` injects a ready backend (tests: a BatchingBackend around any Generator);
-    `overrides` are ServeConfig fields (`create_app(model="models/sft", max_batch_size=4)`).
-    """
-    from sqlrl.serve import openai_api, playground
-
-    config = _with_overrides(config or ServeConfig(), overrides)
-    service = Service(config, backend, prompt_settings)
-    # /docs and /redoc with their scripts served from the installed package, not a CDN
-    app = FastAPIOffline(
-        title="sqlrl text-to-SQL",
-        version="1",
-        lifespan=_lifespan(service),
-        summary="Text-to-SQL with a model fine-tuned on Spider",
-    )
-    app.state.service = service
-    app.add_middleware(
-        RequestGuard,
-        allowed_hosts=[*LOOPBACK_HOSTS, *split_list(config.allowed_hosts)],
-        allowed_origins=split_list(config.allowed_origins),
-        counts=service.counts,
-    )
-    app.add_middleware(HeaderLimit, limit=config.max_header_bytes, counts=service.counts)
-    _install_error_handlers(app, service)
-    guard = KeyGuard(config.api_key)
-    keyed = [Depends(guard.require)]
-    _add_generate_route(app, service, keyed)
-    _add_info_routes(app, service, guard, keyed)
-    openai_api.add_routes(app, service, keyed)
-    playground.add_routes(app, service, keyed)
-    return app
-
-
-def _with_overrides(config: ServeConfig, overrides: dict) -> ServeConfig:
-    """`config` with some fields replaced; an unknown name is a TypeError, not ignored."""
-    if not overrides:
-        return config
-    unknown = set(overrides) - set(ServeConfig.field_names())
-    if unknown:
-        raise TypeError(f"unknown ServeConfig field(s): {', '.join(sorted(unknown))}")
-    return ServeConfig(**{**asdict(config), **overrides})
-
-
-def _lifespan(service: Service):
-    """Load the model when the server starts, release it when it stops."""
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        await service.start()
-        try:
-            yield
-        finally:
-            await service.close()
-
-    return lifespan
-
-
-def _install_error_handlers(app: FastAPI, service: Service) -> None:
-    """Every refusal counted and answered in the shape its route's clients read (OpenAI's
-    under /v1/, `detail` elsewhere), Starlette's own 404 and 405 included."""
-
-    @app.exception_handler(HTTPError)
-    async def _http_error(request: Request, exc: HTTPError):
-        service.counts[str(exc.status)] += 1
-        body = error_body(request.url.path, exc.status, exc.message, exc.param)
-        return JSONResponse(body, status_code=exc.status, headers=exc.headers)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _starlette_error(request: Request, exc: StarletteHTTPException):
-        service.counts[str(exc.status_code)] += 1
-        body = error_body(request.url.path, exc.status_code, str(exc.detail))
-        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
-
-
-class KeyGuard:
-    """--api-key: every route but /health (and the static page and docs) needs
-    `Authorization: Bearer <key>`; compared in constant time."""
-
-    def __init__(self, api_key: str | None):
-        self.api_key = api_key
-
-    def authorized(self, request: Request) -> bool:
-        if not self.api_key:
-            return True
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and secrets.compare_digest(
-            token.strip().encode("latin-1"), self.api_key.encode("utf-8")
-        )
-
-    async def require(self, request: Request) -> None:
-        if not self.authorized(request):
-            raise HTTPError(
-                401,
-                "missing or wrong API key: send Authorization: Bearer <key>",
-                {"www-authenticate": "Bearer"},
-            )
-
-
-async def guarded(service: Service, route: str, work):
-    """`await work()` for a route: an HTTPError passes through as it is; anything else is a
-    bug or a broken dependency, logged in full and answered with a 500 naming nothing."""
-    try:
-        result = await work()
-    except HTTPError:
-        raise
-    except Exception:  # noqa: BLE001 - a bug or a broken dependency: logged, not shown
-        log.exception("%s failed", route)
-        raise HTTPError(500, "internal server error (the server log has the details)") from None
-    service.counts["200"] += 1
-    return result
-
-
-def json_body_schema(model: type[BaseModel]) -> dict:
-    """OpenAPI's request body for a route that parses its body by hand (/docs shows it)."""
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": model.model_json_schema()}},
-        }
-    }
-
-
-def _add_generate_route(app: FastAPI, service: Service, keyed: list) -> None:
-    @app.post("/generate", dependencies=keyed, openapi_extra=json_body_schema(GenerateRequest))
-    async def generate(request: Request):
-        """SQL for a question about a schema (schema_str, db_id or ddl); see the README."""
-
-        async def work():
-            req = await service.parse_body(request)
-            return await service.unless_disconnected(request, service.generate(req))
-
-        return await guarded(service, "POST /generate", work)
-
-
-def _add_info_routes(app: FastAPI, service: Service, guard: KeyGuard, keyed: list) -> None:
-    @app.get("/health")
-    async def health(request: Request):
-        """Open to load balancers; without the API key (when one is set) only the status."""
-        info = service.health()
-        return info if guard.authorized(request) else {"status": info["status"]}
-
-    @app.get("/v1/models", dependencies=keyed)
-    async def models():
-        return {"object": "list", "data": [service.model_card()]}
-
-    @app.get("/databases", dependencies=keyed)
-    async def databases():
-        """The Spider databases by name (never the server's paths)."""
-        return {"databases": service.prompts.databases()}
-
-    @app.get("/databases/{db_id}", dependencies=keyed)
-    async def database(db_id: str):
-        """One database's schema: tables, columns (type, primary key) and foreign keys."""
-        check_text("db_id", db_id, 128)
-        try:
-            return service.prompts.schema_of(db_id)
-        except InputError as exc:
-            raise HTTPError(exc.status, str(exc), param="db_id") from None

@@ -12,7 +12,7 @@ be able to write through a user's browser, and each record says who wrote it:
   in `--allowed-origins`) is refused with a 403 before it reaches a route. Clients that are not
   browsers (curl, the OpenAI client) send no Origin and are unaffected.
 - **JSON only**: every POST body must be `Content-Type: application/json` (a 415 otherwise,
-  `Service.parse_body`), the type a page on another site cannot send without asking first.
+  `sqlrl.serve.http.parse_body`), the type a page on another site cannot send without asking first.
 - **The page's session token** (`PageTokens`): the playground page is served with a token
   signed by a secret the server draws at start; its feedback carries the token. Without an
   API key, feedback is accepted only with a valid token, and the record's writer is "local

@@ -30,12 +30,13 @@ from pydantic import BaseModel, ConfigDict
 
 from sqlrl.feedback import FeedbackStore, Judgement, verified_sql
 from sqlrl.prompt_builder import InputError
+from sqlrl.serve.http import guarded, json_body_schema, parse_body
 from sqlrl.serve.http_errors import HTTPError, check_text
-from sqlrl.serve.service import Service, guarded, json_body_schema
+from sqlrl.serve.service import Service
 from sqlrl.serve.trust import PageTokens, feedback_writer
 
 log = logging.getLogger("sqlrl.serve")
-STATIC = Path(__file__).parent / "static"
+STATIC = Path(__file__).parent.parent / "static"
 MAX_SQL_CHARS = 10_000  # the executor's own limit (ExecLimits.max_sql_chars)
 # the page loads only this server's files and talks only to this server
 PAGE_HEADERS = {
@@ -156,8 +157,9 @@ async def store_feedback(
         raise HTTPError(
             503, "feedback is off: the server was started without --feedback-db (SQLRL_FEEDBACK_DB)"
         )
-    req = await service.parse_body(
+    req = await parse_body(
         request,
+        service.config,
         FeedbackRequest,
         '{"db_id": "...", "question": "...", "predicted_sql": "...", "verdict": "right"}',
     )
@@ -179,8 +181,8 @@ async def store_feedback(
 
 
 async def run_query(service: Service, request: Request):
-    req = await service.parse_body(
-        request, RunRequest, '{"db_id": "concert_singer", "sql": "SELECT ..."}'
+    req = await parse_body(
+        request, service.config, RunRequest, '{"db_id": "concert_singer", "sql": "SELECT ..."}'
     )
     check_text("db_id", req.db_id, 128)
     return await service.run_sql(req.db_id, check_sql("sql", req.sql), req.max_rows)

@@ -39,15 +39,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from sqlrl.serve.http import guarded, json_body_schema, parse_body, unless_disconnected
 from sqlrl.serve.http_errors import HTTPError
-from sqlrl.serve.service import (
-    GenerateRequest,
-    Served,
-    Service,
-    generate_body,
-    guarded,
-    json_body_schema,
-)
+from sqlrl.serve.service import GenerateRequest, Served, Service, generate_body
 
 EXAMPLE = (
     '{"model": "final", "messages": [{"role": "user", "content": "How many singers?"}], '
@@ -317,9 +311,9 @@ def sse(chunks: list[dict]):
 async def answer_chat(service: Service, request: Request):
     """Parse, answer and render one chat request; refusals in OpenAI's terms."""
     try:
-        chat = await service.parse_body(request, ChatCompletionRequest, EXAMPLE)
+        chat = await parse_body(request, service.config, ChatCompletionRequest, EXAMPLE)
         req = generate_request(chat)
-        served = await service.unless_disconnected(request, service.answer(req))
+        served = await unless_disconnected(request, service.answer(req))
         tokens = await service.off_loop(lambda: [service.count_tokens(t) for t in served.texts])
     except HTTPError as exc:
         raise in_openai_terms(exc) from None
