@@ -28,13 +28,14 @@ from pydantic import (
 from pydantic import StrictBool as Bool
 from pydantic.dataclasses import dataclass
 
+from sqlrl.benchmarks import BENCHMARKS
 from sqlrl.errors import PipelineError
 
 SCHEMA_FORMATS = ("compact", "ddl")
 DTYPES = ("float32", "bfloat16", "float16")
 TOKENIZERS = ("trained", "trained-tools", "qwen2.5")
 VLLM_MODES = ("colocate", "server")
-BENCHMARK_FORMATS = ("spider", "bird")
+BENCHMARK_FORMATS = tuple(BENCHMARKS)  # the families registered in sqlrl/benchmarks/
 SET_NAME = r"^[a-z][a-z0-9_]*$"  # a metrics section and a file name
 RESERVED_SET_NAMES = {"dev", "heldout", "generation"}
 ROLLOUTS = ("sql", "reasoning", "agent")  # sqlrl/train/rollouts.py
@@ -122,7 +123,7 @@ class AugmentParams:
 
 @dataclass(config=SECTION)
 class EvalSetParams:
-    """One benchmark-format set (sqlrl/data/benchmarks.py): an evaluation set beside Spider
+    """One benchmark-format set (sqlrl/benchmarks/sets.py): an evaluation set beside Spider
     dev and held-out (eval.sets), or a training set (prepare.extra_train_sets)."""
 
     format: Literal[BENCHMARK_FORMATS]
