@@ -4,8 +4,8 @@
     onto its own, when on and the schema is known) -> with several samples, a vote
 
 The vote is by execution result when the candidates were run (candidates whose results are
-equal as the benchmark's EX compares them form a group; the first of the largest group wins,
-sqlrl.eval.voting), else by SQL text. Evaluation (sqlrl.eval.evaluate, greedy and maj@k),
+equal as the benchmark's EX compares them form a group; the first of the largest group wins:
+`vote`), else by SQL text. Evaluation (sqlrl.eval.evaluate, greedy and maj@k),
 `TextToSQL.answer` and the HTTP server all answer through here, so a served answer is the one
 evaluation scored: evaluation and TextToSQL call `finish_answer`; the server calls its two
 steps, `candidate_sqls` and `answer_from`, because it runs them on different threads (repair
@@ -18,6 +18,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from sqlrl.benchmarks.base import Benchmark
+from sqlrl.benchmarks.spider import SPIDER
 from sqlrl.sql.executor import Verdict
 
 Repair = Callable[[str], str]  # one candidate's SQL -> its repaired SQL
@@ -60,18 +62,41 @@ def candidate_sqls(
     return ([repair(sql) for sql in extracted] if repair else list(extracted)), extracted
 
 
+def vote(verdicts, benchmark: Benchmark = SPIDER) -> tuple[int, int]:
+    """(index of the chosen candidate, its votes) from the candidates' execution verdicts.
+
+    Candidates whose results are equal as the benchmark's EX judges results
+    (`benchmark.same_result`; Spider's: rows as a multiset, columns in any order; BIRD's: rows
+    as a set) form a group; the first member of the largest group wins, the group seen first
+    on ties. (0, 0) when no candidate ran. Self-consistency in evaluation
+    (sqlrl.eval.voting) votes through here too, so served and scored answers vote alike.
+    """
+    groups: list[list[int]] = []
+    for i, verdict in enumerate(verdicts):
+        if verdict.status != "ok":
+            continue
+        for members in groups:
+            if benchmark.same_result(verdicts[members[0]].rows, verdict.rows):
+                members.append(i)
+                break
+        else:
+            groups.append([i])
+    if not groups:
+        return 0, 0
+    best = max(groups, key=len)  # max keeps the first of equals: the group seen first
+    return best[0], len(best)
+
+
 def choose(
-    sqls: list[str], verdicts: list[Verdict] | None = None, rules: str = "spider"
+    sqls: list[str], verdicts: list[Verdict] | None = None, benchmark: Benchmark = SPIDER
 ) -> tuple[int, int | None, str | None]:
     """(chosen index, votes, how) over the samples: by execution result (grouped by the
-    benchmark's `rules`) when they were run, else the most frequent SQL text (the first of a
-    tie); one sample is chosen unvoted."""
-    from sqlrl.eval.voting import vote
-
+    `benchmark`'s equality) when they were run, else the most frequent SQL text (the first of
+    a tie); one sample is chosen unvoted."""
     if len(sqls) <= 1:
         return 0, None, None
     if verdicts is not None:
-        chosen, votes = vote(verdicts, rules)
+        chosen, votes = vote(verdicts, benchmark)
         return chosen, votes, "execution"
     counts = Counter(sqls)
     votes = max(counts.values())
@@ -82,14 +107,14 @@ def answer_from(
     texts: list[str],
     sqls: list[str],
     verdicts: list[Verdict] | None,
-    rules: str = "spider",
+    benchmark: Benchmark = SPIDER,
     extracted: list[str] | None = None,
 ) -> Answer:
     """The Answer for completions whose SQL is taken (candidate_sqls), and run when
     `verdicts` are given."""
     if not texts:
         raise ValueError("no completion to answer from")
-    chosen, votes, how = choose(sqls, verdicts, rules)
+    chosen, votes, how = choose(sqls, verdicts, benchmark)
     verdict = verdicts[chosen] if verdicts is not None else None
     before = (extracted or sqls)[chosen]
     return Answer(sqls[chosen], texts[chosen], sqls, votes, how, verdict, chosen, before)
@@ -100,7 +125,7 @@ def finish_answer(
     *,
     repair: Repair | None = None,
     execute: Callable[[list[str]], list[Verdict]] | None = None,
-    rules: str = "spider",
+    benchmark: Benchmark = SPIDER,
     extract: Callable[[str], str] | None = None,
 ) -> Answer:
     """Model completions -> the answer: the SQL extracted (by the format's `extract`),
@@ -108,4 +133,4 @@ def finish_answer(
     them, else by SQL text."""
     sqls, extracted = candidate_sqls(texts, repair, extract)
     verdicts = execute(sqls) if execute is not None else None
-    return answer_from(texts, sqls, verdicts, rules, extracted)
+    return answer_from(texts, sqls, verdicts, benchmark, extracted)

@@ -34,6 +34,9 @@ SCHEMA_FORMATS = ("compact", "ddl")
 DTYPES = ("float32", "bfloat16", "float16")
 TOKENIZERS = ("trained", "trained-tools", "qwen2.5")
 VLLM_MODES = ("colocate", "server")
+# eval.sets' benchmark families: sqlrl.benchmarks' built-in names, declared here so that
+# params (read by every stage) does not make every stage depend on the benchmark code;
+# tests/test_benchmark_registry.py checks them against the registry
 BENCHMARK_FORMATS = ("spider", "bird")
 SET_NAME = r"^[a-z][a-z0-9_]*$"  # a metrics section and a file name
 RESERVED_SET_NAMES = {"dev", "heldout", "generation"}
@@ -126,7 +129,7 @@ class AugmentParams:
 
 @dataclass(config=SECTION)
 class EvalSetParams:
-    """One benchmark-format set (sqlrl/data/benchmarks.py): an evaluation set beside Spider
+    """One benchmark-format set (sqlrl/benchmarks/sets.py): an evaluation set beside Spider
     dev and held-out (eval.sets), or a training set (prepare.extra_train_sets)."""
 
     format: Literal[BENCHMARK_FORMATS]

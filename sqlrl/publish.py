@@ -14,9 +14,9 @@ from pathlib import Path
 
 import yaml
 
+from sqlrl.benchmarks.spider import HARDNESS_LEVELS as HARDNESS
 from sqlrl.errors import PipelineError
 from sqlrl.eval.report import MODELS, benchmark_table, by_split
-from sqlrl.eval.score import HARDNESS_LEVELS as HARDNESS
 
 
 class PublishError(PipelineError, RuntimeError):

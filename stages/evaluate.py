@@ -15,6 +15,7 @@ from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizer is used before forks
 
+from sqlrl.benchmarks import get_benchmark  # noqa: E402
 from sqlrl.eval.compare import compare_predictions  # noqa: E402
 from sqlrl.eval.evaluate import Split, evaluate_model, headline, spider_splits  # noqa: E402
 from sqlrl.hardware import set_torch_threads  # noqa: E402
@@ -80,13 +81,15 @@ def main(args) -> int:
 
 
 def _benchmark_sets(sets: dict, rows_dir: str, raw_dir: str) -> dict[str, Split]:
-    """Each eval.sets entry: prepare_eval's rows, its tables file, its benchmark's rules."""
+    """Each eval.sets entry: prepare_eval's rows, its tables file, its benchmark family (the
+    name params give, looked up here once)."""
     splits = {}
     for name, spec in sets.items():
         rows = Path(rows_dir) / f"{name}.jsonl"
         if not rows.is_file():
             raise FileNotFoundError(f"{rows} is missing (run `dvc repro prepare_eval`)")
-        splits[name] = Split(rows, Path(raw_dir) / spec.tables, spec.format, required=True)
+        benchmark = get_benchmark(spec.format)
+        splits[name] = Split(rows, Path(raw_dir) / spec.tables, benchmark, required=True)
     return splits
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from sqlrl.data.benchmarks import prepare_set
+from sqlrl.benchmarks.sets import prepare_set
 from sqlrl.data.prompt_settings import PromptSettings
 from sqlrl.jsonio import write_json, write_jsonl
 from sqlrl.params import load_params

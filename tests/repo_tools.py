@@ -153,8 +153,8 @@ def whole_spider_prepare_params(**changes):
 def grpo_rows(spider_dir: Path, examples) -> list[dict]:
     """GRPO rows (prompt, gold_sql, db_id, question, db_path) for Spider `examples`, as prepare
     writes them (a short system prompt: the rows' prompts stay small)."""
-    from sqlrl.data.prepare import recorded_path
     from sqlrl.data.prompts import build_messages, compact_schema
+    from sqlrl.data.rows import recorded_path
     from sqlrl.data.spider import database_path, load_schemas
 
     schemas = load_schemas(spider_dir / "tables.json")

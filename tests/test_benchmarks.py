@@ -13,13 +13,14 @@ import sys
 import pytest
 import yaml
 
-from sqlrl.data.benchmarks import prepare_set
+from sqlrl.benchmarks.bird import BIRD, bird_soft_f1
+from sqlrl.benchmarks.sets import prepare_set
+from sqlrl.benchmarks.spider import SPIDER
 from sqlrl.data.prompt_settings import PromptSettings
 from sqlrl.data.spider import SpiderDataError
 from sqlrl.eval.evaluate import Split, evaluate_model
 from sqlrl.eval.score import score_predictions
 from sqlrl.params import compose_params, params_from_dict
-from sqlrl.sql.judge import bird_soft_f1
 from tests.repo_tools import REPO_ROOT
 
 # a BIRD-format release in miniature: one database present, one absent (as 8 of 11 are here)
@@ -135,7 +136,7 @@ def test_bird_is_scored_on_result_sets_where_spider_compares_multisets(bird_rele
     gold = [("SELECT city FROM member", "club")]
     # UNION drops the duplicate (Spider's rule would strip a DISTINCT before comparing)
     pred = ["SELECT city FROM member UNION SELECT city FROM member ORDER BY city DESC"]
-    bird = score_predictions(gold, pred, db_dir, tables, 1, rules="bird", difficulties=["simple"])
+    bird = score_predictions(gold, pred, db_dir, tables, 1, benchmark=BIRD, levels=["simple"])
     spider = score_predictions(gold, pred, db_dir, tables, 1)
     assert (bird["ex"], spider["ex"]) == (1.0, 0.0)
     assert bird["by_difficulty"]["simple"] == {
@@ -151,7 +152,7 @@ def test_bird_is_scored_on_result_sets_where_spider_compares_multisets(bird_rele
     # columns in another order are another result for BIRD (its rows are compared as tuples)
     swapped = ["SELECT status, name FROM member WHERE status = 'paid'"]
     gold_paid = [("SELECT name, status FROM member WHERE status = 'paid'", "club")]
-    assert score_predictions(gold_paid, swapped, db_dir, tables, 1, rules="bird")["ex"] == 0.0
+    assert score_predictions(gold_paid, swapped, db_dir, tables, 1, benchmark=BIRD)["ex"] == 0.0
 
 
 @pytest.mark.parametrize(
@@ -195,8 +196,8 @@ def test_soft_f1_is_reported_next_to_bird_ex_per_difficulty(bird_release, tmp_pa
         release / "dev_databases",
         release / "dev_tables.json",
         1,
-        rules="bird",
-        difficulties=levels,
+        benchmark=BIRD,
+        levels=levels,
     )
     assert (report["ex"], report["soft_f1"]) == (0.5, 0.2)
     assert [it["soft_f1"] for it in report["items"]] == [pytest.approx(0.4), 0.0, None]
@@ -208,7 +209,7 @@ def test_soft_f1_is_reported_next_to_bird_ex_per_difficulty(bird_release, tmp_pa
         release / "dev_databases",
         release / "dev_tables.json",
         1,
-        rules="bird",
+        benchmark=BIRD,
     )
     assert failing["soft_f1"] == 0.0  # a query that fails scores 0, as BIRD counts it
     assert "soft_f1" not in score_predictions(
@@ -297,7 +298,7 @@ def test_a_spider_format_set_added_by_params_alone_is_evaluated(tmp_path):
 
     rows = [json.loads(line) for line in (out / "my_set.jsonl").read_text().splitlines()]
     answers = {row["prompt"][1]["content"]: row["gold"] for row in rows}
-    split = Split(out / "my_set.jsonl", raw / "spider" / "tables.json", "spider", required=True)
+    split = Split(out / "my_set.jsonl", raw / "spider" / "tables.json", SPIDER, required=True)
     metrics, predictions = evaluate_model(
         "models/x",
         params.eval,

@@ -13,10 +13,10 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from sqlrl.data.benchmarks import prepare_set
+from sqlrl.answer import vote
+from sqlrl.benchmarks.sets import prepare_set
 from sqlrl.data.prompt_settings import PromptSettings
 from sqlrl.eval.evaluate import evaluate_model, evaluate_split
-from sqlrl.eval.voting import vote
 from sqlrl.jsonio import read_json, read_jsonl
 from sqlrl.params import EvalParams, params_from_dict
 from tests.repo_tools import REPO_ROOT, fixed_params_dict

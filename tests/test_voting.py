@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sqlrl.data.prepare import recorded_path
+from sqlrl.data.rows import recorded_path
 from sqlrl.data.spider import database_path, load_schemas
 from sqlrl.eval.evaluate import evaluate_split
 from sqlrl.eval.voting import self_consistency

@@ -12,15 +12,16 @@ reports them as skipped instead of losing them.
 
 from __future__ import annotations
 
-import os
 import random
 import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from sqlrl.benchmarks.sets import load_set
 from sqlrl.data.augment import Augmenter, name_pools
 from sqlrl.data.prompt_settings import PromptSettings
 from sqlrl.data.prompts import PromptFactory, completion_message
+from sqlrl.data.rows import eval_row, recorded_path
 from sqlrl.data.spider import (
     Example,
     SpiderDataError,
@@ -147,30 +148,6 @@ def _grpo_row(ex: Example, messages: list[dict], db_path: Path) -> dict:
     }
 
 
-def recorded_path(path: str | Path) -> str:
-    """`path` as rows record it: POSIX and relative to the working directory when inside it
-    (symlinks not followed, so a linked Spider keeps its path in the repo), else absolute."""
-    absolute = Path(os.path.abspath(path))
-    try:
-        return absolute.relative_to(os.path.abspath(os.curdir)).as_posix()
-    except ValueError:
-        return absolute.as_posix()
-
-
-def _eval_row(example: Example, prompts: PromptFactory) -> dict:
-    """An evaluation row; no prompt when the database is absent (it is scored as skipped)."""
-    db_path = database_path(prompts.spider_dir, example.db_id)
-    present = db_path.is_file()
-    return {
-        "question": example.question,
-        "gold": example.query,
-        "db_id": example.db_id,
-        "db_path": recorded_path(db_path),
-        "db_present": present,
-        "prompt": prompts.messages(example.db_id, example.question) if present else None,
-    }
-
-
 def prepare(
     params: PrepareParams,
     seed: int,
@@ -230,8 +207,8 @@ def prepare(
     sets_stats = add_training_sets(sft_rows, grpo_rows, params, raw_dir)
     sources += grpo_rows[n_grpo:]
     format_stats = sft_format.format_rows(sft_rows, sources) if sft_format else {}
-    dev_rows = [_eval_row(ex, prompts) for ex in dev]
-    heldout_rows = [_eval_row(ex, prompts) for ex in heldout]
+    dev_rows = [eval_row(ex, database_path(spider_dir, ex.db_id), prompts) for ex in dev]
+    heldout_rows = [eval_row(ex, database_path(spider_dir, ex.db_id), prompts) for ex in heldout]
 
     write_jsonl(out_dir / "sft.jsonl", sft_rows)
     write_jsonl(out_dir / "grpo.jsonl", grpo_rows)
@@ -279,11 +256,9 @@ def add_training_sets(
     sft_rows: list[dict], grpo_rows: list[dict], params: PrepareParams, raw_dir
 ) -> dict:
     """Append the SFT and GRPO rows of prepare.extra_train_sets (BIRD's train split, say):
-    each set read as an evaluation set is (sqlrl/data/benchmarks.py), its questions asked
+    each set read as an evaluation set is (sqlrl/benchmarks/sets.py), its questions asked
     with their evidence, under the same prompt settings; questions whose database is absent
     are skipped and counted. Returns the counts per set."""
-    from sqlrl.data.benchmarks import load_set
-
     if not params.extra_train_sets:
         return {}
     if raw_dir is None:

@@ -51,7 +51,7 @@ class Schema:
 
 @dataclass(frozen=True)
 class Example:
-    """One question of any benchmark format (sqlrl/data/benchmarks.py reads the others)."""
+    """One question of any benchmark format (sqlrl/benchmarks/sets.py reads the others)."""
 
     db_id: str
     question: str

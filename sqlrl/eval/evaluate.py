@@ -48,6 +48,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sqlrl.benchmarks import level_report_keys
+from sqlrl.benchmarks.base import Benchmark
+from sqlrl.benchmarks.spider import SPIDER
 from sqlrl.data.prompt_settings import AnswerFormat, read_answer_format
 from sqlrl.errors import PipelineError
 from sqlrl.eval.voting import vote_answers, votes_of
@@ -104,13 +107,13 @@ class Answers:
     stats: dict = field(default_factory=dict)  # the format's own metrics (none for sql)
 
 
-def _picked(samples, db_paths, num_samples: int, fix, rules: str, extract) -> list:
+def _picked(samples, db_paths, num_samples: int, fix, benchmark: Benchmark, extract) -> list:
     """Each question's Answer from its texts: one greedy text extracted and repaired, or
     several voted on by execution result."""
     from sqlrl.answer import finish_answer
 
     if num_samples > 1:
-        return vote_answers(samples, db_paths, fix=fix, rules=rules, extract=extract)
+        return vote_answers(samples, db_paths, fix=fix, benchmark=benchmark, extract=extract)
     return [
         finish_answer(
             texts,
@@ -141,14 +144,14 @@ def answer_questions(
     temperature: float,
     seed: int,
     fix: Callable[[int, str], str] | None,
-    rules: str = "spider",
+    benchmark: Benchmark = SPIDER,
 ) -> Answers:
     """The answers to `messages` (each in the model's format): `loop`, the format's inference
     loop (plain generation, or the agent's tool loop on each question's database), gives
     num_samples samples per question (greedy for one), and they go through the answer path
     the server and TextToSQL share (sqlrl.answer) with the format's extractor: greedy
     (extract, then repair) or, with num_samples > 1, repair every candidate and vote by
-    execution result (grouped by the benchmark's `rules`). A tool loop's chosen episode's
+    execution result (grouped by the `benchmark`'s rule). A tool loop's chosen episode's
     trace goes with its answer; the format adds its metrics (`stats`)."""
     if not messages:
         return Answers([], [], [], None, 0.0)
@@ -157,7 +160,7 @@ def answer_questions(
     asked = loop.ask(messages, db_paths, n=num_samples, temperature=sampled, seed=seed)
     seconds = time.perf_counter() - start
     samples = [question.texts for question in asked]
-    answers = _picked(samples, db_paths, num_samples, fix, rules, answer_format.extract)
+    answers = _picked(samples, db_paths, num_samples, fix, benchmark, answer_format.extract)
     collected = _collected(answers, num_samples, fix, seconds)
     traces = [q.trace(a.chosen, a.sql) for q, a in zip(asked, answers, strict=True)]
     collected.traces = traces if any(t is not None for t in traces) else None
@@ -215,10 +218,10 @@ EMPTY_REPORT = {
 
 
 def _score(
-    rows: list[dict], preds: list[str], tables_json: str | Path, workers, rules: str
+    rows: list[dict], preds: list[str], tables_json: str | Path, workers, benchmark: Benchmark
 ) -> dict:
     """The shared scorer's report on one split (every row, skipped ones included), by the
-    benchmark's rules."""
+    `benchmark`'s rule."""
     from sqlrl.eval.score import score_predictions
 
     if not rows:
@@ -229,9 +232,9 @@ def _score(
         None,
         tables_json,
         workers or default_workers(),
-        rules=rules,
+        benchmark=benchmark,
         db_paths=[row["db_path"] for row in rows],
-        difficulties=[row.get("difficulty") for row in rows],
+        levels=[row.get(benchmark.level_key) for row in rows],
     )
     check_gold_databases(rows, report["items"])
     return report
@@ -294,7 +297,7 @@ def _split_metrics(
         "n_trivial_gold": report.get("n_trivial_gold", 0),
         **({"soft_f1": report["soft_f1"]} if "soft_f1" in report else {}),  # BIRD's rule
         "skipped": len(predictions) - n,
-        **{key: report[key] for key in ("by_hardness", "by_difficulty") if key in report},
+        **{key: report[key] for key in level_report_keys() if key in report},
         "failures": {k: report["errors"].get(v, 0) for k, v in FAILURE_KINDS.items()},
         "gold_failed": report.get("gold_failed", 0),
         "executable": round(sum(p["status"] == "ok" for p in scored) / n, 4) if n else None,
@@ -310,7 +313,7 @@ def evaluate_split(
     render: Callable[[list[dict]], str],
     *,
     tables_json: str | Path,
-    rules: str = "spider",
+    benchmark: Benchmark = SPIDER,
     vote_samples: int = 1,
     temperature: float = 0.0,
     seed: int = 0,
@@ -319,7 +322,7 @@ def evaluate_split(
     answer_format: AnswerFormat | None = None,
     tokenizer=None,
 ) -> tuple[dict, list[dict]]:
-    """Generate greedily, extract, (repair,) score one split by its benchmark's `rules`:
+    """Generate greedily, extract, (repair,) score one split by its `benchmark`'s rule:
     (metrics, prediction rows in input order). With vote_samples k > 1, also sample k answers
     per question and vote by result: maj@k goes next to greedy, in `maj` and in each row.
     `answer_format`: the model's (default `sql`); the agent's needs the `tokenizer`."""
@@ -329,13 +332,13 @@ def evaluate_split(
     asker = Asker(generator, render, answer_format or AnswerFormat(), tokenizer) if todo else None
     messages = [rows[i]["prompt"] for i in todo]
     db_paths = [rows[i]["db_path"] for i in todo]
-    decode = dict(temperature=temperature, seed=seed, fix=fix, rules=rules)
+    decode = dict(temperature=temperature, seed=seed, fix=fix, benchmark=benchmark)
     answers = (
         asker.answer(messages, db_paths, num_samples=1, **decode)
         if asker
         else Answers([], [], [], None, 0.0)
     )
-    report = _score(rows, _in_row_order(rows, todo, answers), tables_json, workers, rules)
+    report = _score(rows, _in_row_order(rows, todo, answers), tables_json, workers, benchmark)
     predictions = _prediction_rows(rows, todo, answers, report)
     metrics = _split_metrics(predictions, report, answers, len(todo), 1)
     metrics.update(answers.stats)
@@ -353,7 +356,7 @@ def evaluate_split(
             if asker
             else Answers([], [], [], None, 0.0)
         )
-        maj = _score(rows, _in_row_order(rows, todo, voted), tables_json, workers, rules)
+        maj = _score(rows, _in_row_order(rows, todo, voted), tables_json, workers, benchmark)
         metrics["maj"] = _majority_metrics(maj, voted, vote_samples)
         _add_majority(predictions, todo, voted, maj)
     return metrics, predictions
@@ -375,7 +378,7 @@ def _majority_metrics(report: dict, voted: Answers, k: int) -> dict:
         "ex_all": report["ex_all"],
         "ex_nontrivial": report.get("ex_nontrivial"),
         **({"soft_f1": report["soft_f1"]} if "soft_f1" in report else {}),
-        **{key: report[key] for key in ("by_hardness", "by_difficulty") if key in report},
+        **{key: report[key] for key in level_report_keys() if key in report},
         "generation_seconds": round(voted.seconds, 3),
     }
 
@@ -395,11 +398,11 @@ def _add_majority(predictions: list[dict], todo: list[int], voted: Answers, repo
 @dataclass(frozen=True)
 class Split:
     """One split to evaluate: its rows (JSONL), the tables file of its schemas, and the
-    benchmark rules it is scored by."""
+    benchmark family whose rule scores it (sqlrl.benchmarks)."""
 
     rows: str | Path
     tables_json: str | Path
-    rules: str = "spider"
+    benchmark: Benchmark = SPIDER
     required: bool = False  # dev: an absent file is an error; another split may be empty
 
 
@@ -459,7 +462,7 @@ def evaluate_model(
             generator,
             render,
             tables_json=split.tables_json,
-            rules=split.rules,
+            benchmark=split.benchmark,
             vote_samples=k,
             temperature=params.temperature,
             seed=seed,

@@ -23,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sqlrl.eval.score import HARDNESS_LEVELS as HARDNESS
+from sqlrl.benchmarks.spider import HARDNESS_LEVELS as HARDNESS
 
 MODELS = {"base": "base", "sft": "SFT", "final": "GRPO (final)"}  # evaluate@<name> in dvc.yaml
 CURVES = {  # title -> (dvclive plots file, relative to the repo root)

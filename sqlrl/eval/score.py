@@ -24,10 +24,15 @@ matches easily. The same report comes from `score_predictions` for in-process ca
 BIRD (--bird DIR, a BIRD release: dev_databases/, dev_tables.json, dev_gold.sql, dev.json) is
 scored by BIRD's own rule, as its evaluation_ex.py does: the predicted and gold results
 compared as sets of rows, EX per difficulty (simple / moderate / challenging), no EM; next to
-it BIRD mini_dev's Soft-F1 (`soft_f1`: partial credit per row, see sqlrl.sql.judge.bird_soft_f1;
-a query that fails scores 0), averaged over the questions, overall and per difficulty. PRED is
-BIRD's predict_dev.json ({"0": "SQL\t----- bird -----\tdb_id", ...}), one SQL a line, or
-the pipeline's predictions JSONL (a row with `"format": "bird"` selects BIRD's rule itself).
+it BIRD mini_dev's Soft-F1 (`soft_f1`: partial credit per row, see
+sqlrl.benchmarks.bird.bird_soft_f1; a query that fails scores 0), averaged over the questions,
+overall and per difficulty. PRED is BIRD's predict_dev.json ({"0": "SQL\t----- bird -----\tdb_id",
+...}), one SQL a line, or the pipeline's predictions JSONL (a row whose `format` names BIRD
+selects BIRD's rule itself).
+
+Each rule is a benchmark family's (sqlrl.benchmarks): its report items, levels and printed
+lines; every registered family with a release layout gets its --<name> DIR option. Here the
+name on the command line or in the rows is looked up once; the object goes on from there.
 """
 
 from __future__ import annotations
@@ -40,14 +45,13 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from sqlrl.benchmarks import BENCHMARKS, Benchmark
+from sqlrl.benchmarks.spider import SPIDER
 from sqlrl.progress import Progress
 from sqlrl.sql.executor import ExecLimits
-from sqlrl.sql.judge import Judgement, JudgePool
+from sqlrl.sql.judge import JudgePool
 
-HARDNESS_LEVELS = ("easy", "medium", "hard", "extra")
-BIRD_LEVELS = ("simple", "moderate", "challenging")
 EVAL_TIMEOUT_S = 10.0  # per query; rewards use 5 s, evaluation can afford more
-_ERROR_CHARS = 200
 _pools: dict[tuple, JudgePool] = {}
 
 
@@ -65,15 +69,17 @@ def score_predictions(
     keep_distinct: bool = False,
     progress: bool = True,
     *,
-    rules: str = "spider",
+    benchmark: Benchmark = SPIDER,
     db_paths: list[str] | None = None,
-    difficulties: list[str | None] | None = None,
+    levels: list[str | None] | None = None,
 ) -> dict:
     """The report (see module docstring) for `preds` against `gold` [(sql, db_id), ...].
 
-    `rules` is the benchmark's: "spider" (test-suite EX, EM and hardness) or "bird" (EX on
-    result sets, reported by BIRD's `difficulties`; no EM). `db_paths` gives each item's
-    database file where db_dir's layout does not (a set spread over several folders)."""
+    `benchmark` is the family whose rule scores it (sqlrl.benchmarks; Spider's: test-suite EX,
+    EM and hardness; BIRD's: EX on result sets and Soft-F1, by difficulty, no EM). `levels`:
+    each item's level where the family's data gives it (BIRD's difficulties; Spider derives
+    hardness itself). `db_paths` gives each item's database file where db_dir's layout does
+    not (a set spread over several folders)."""
     if len(gold) != len(preds):
         raise ScoreInputError(f"{len(gold)} gold items but {len(preds)} predictions")
     schemas = _schemas(tables_json)
@@ -83,25 +89,17 @@ def score_predictions(
         for path, (sql, _), pred in zip(paths, gold, preds, strict=True)
     ]
     limits = limits or ExecLimits(timeout_s=EVAL_TIMEOUT_S)
-    pool = _pool(limits, workers, keep_distinct, rules)
+    pool = _pool(limits, workers, keep_distinct, benchmark)
     with Progress(len(items), "score", unit="query", enabled=progress) as bar:
         judgements = pool.judge_many(items, progress=bar.update)
-    if rules == "bird":
-        levels = difficulties or [None] * len(gold)
-        report_items = [
-            _bird_item(i, db_id, judgement, level, schemas.get(db_id))
-            for i, ((_, db_id), judgement, level) in enumerate(
-                zip(gold, judgements, levels, strict=True)
-            )
-        ]
-        return _summary(report_items, "difficulty", BIRD_LEVELS)
+    given = (levels if benchmark.levels_given else None) or [None] * len(gold)
     report_items = [
-        _item(i, sql, db_id, pred, judgement, schemas.get(db_id))
-        for i, ((sql, db_id), pred, judgement) in enumerate(
-            zip(gold, preds, judgements, strict=False)
+        benchmark.item(i, sql, db_id, pred, judgement, schemas.get(db_id), level)
+        for i, ((sql, db_id), pred, judgement, level) in enumerate(
+            zip(gold, preds, judgements, given, strict=True)
         )
     ]
-    return _summary(report_items)
+    return _summary(report_items, benchmark.level_key, benchmark.levels)
 
 
 def _schemas(tables_json) -> dict[str, dict]:
@@ -113,77 +111,14 @@ def _schemas(tables_json) -> dict[str, dict]:
         raise ScoreInputError(f"{tables_json}: cannot read the schemas: {exc}") from None
 
 
-def _pool(limits: ExecLimits, workers: int | None, keep_distinct: bool, rules: str) -> JudgePool:
+def _pool(
+    limits: ExecLimits, workers: int | None, keep_distinct: bool, benchmark: Benchmark
+) -> JudgePool:
     """A judge pool per configuration, kept for later calls in this process."""
-    key = (limits, workers, keep_distinct, rules)
+    key = (limits, workers, keep_distinct, benchmark)
     if key not in _pools:
-        _pools[key] = JudgePool(limits, workers, keep_distinct, semantics=rules)
+        _pools[key] = JudgePool(limits, workers, keep_distinct, benchmark=benchmark)
     return _pools[key]
-
-
-def _item(
-    index: int,
-    gold_sql: str,
-    db_id: str,
-    pred: str,
-    judgement: Judgement,
-    schema: dict | None,
-) -> dict:
-    """One line of the report."""
-    from sqlrl.eval.spider_eval import exact_match, hardness
-
-    status = judgement.status
-    skipped = status == "skipped"
-    level = em = None
-    if schema is not None:
-        level = _safely(hardness, gold_sql, schema)
-        if not skipped:
-            em = int(bool(_safely(exact_match, gold_sql, pred, schema)))
-    error = judgement.error if status != "ok" or not judgement.match else ""
-    if schema is None:
-        error = (error + "; " if error else "") + f"db_id {db_id!r} is not in tables.json"
-    return {
-        "index": index,
-        "db_id": db_id,
-        "hardness": level,
-        "status": status,
-        "ex": None if skipped else int(judgement.match),
-        "em": em,
-        "error": error[:_ERROR_CHARS],
-        "gold_failed": judgement.gold_status not in ("ok", "skipped"),
-        "gold_trivial": judgement.gold_trivial,
-    }
-
-
-def _bird_item(
-    index: int, db_id: str, judgement: Judgement, difficulty: str | None, schema: dict | None
-) -> dict:
-    """One line of a BIRD report: EX as BIRD's evaluator counts it, and the difficulty."""
-    status = judgement.status
-    error = judgement.error if status != "ok" or not judgement.match else ""
-    if schema is None:
-        error = (error + "; " if error else "") + f"db_id {db_id!r} is not in the tables file"
-    return {
-        "index": index,
-        "db_id": db_id,
-        "difficulty": difficulty,
-        "status": status,
-        "ex": None if status == "skipped" else int(judgement.match),
-        # a query that failed (either one) scores 0, as in BIRD's evaluation_f1.py
-        "soft_f1": None if status == "skipped" else judgement.soft_f1 or 0.0,
-        "em": None,
-        "error": error[:_ERROR_CHARS],
-        "gold_failed": judgement.gold_status not in ("ok", "skipped"),
-        "gold_trivial": judgement.gold_trivial,
-    }
-
-
-def _safely(fn, *args):
-    """EM and hardness parse SQL; a prediction they cannot parse is simply not a match."""
-    try:
-        return fn(*args)
-    except Exception:
-        return None
 
 
 def _fraction(values: list) -> float | None:
@@ -195,14 +130,12 @@ def _fraction_all(items: list[dict]) -> float | None:
     return _fraction([it["ex"] or 0 for it in items])
 
 
-def _summary(
-    items: list[dict], level_key: str = "hardness", levels: tuple[str, ...] = HARDNESS_LEVELS
-) -> dict:
-    """Fractions over the non-skipped items, per level (Spider's hardness or BIRD's
-    difficulty), and error counts."""
+def _summary(items: list[dict], level_key: str, levels: tuple[str, ...]) -> dict:
+    """Fractions over the non-skipped items, per level of the benchmark (Spider's hardness,
+    BIRD's difficulty), and error counts."""
     scored = [it for it in items if it["status"] != "skipped"]
     statuses = Counter(it["status"] for it in scored)
-    soft_f1 = bool(items) and "soft_f1" in items[0]  # BIRD's rule: its Soft-F1 beside EX
+    soft_f1 = bool(items) and "soft_f1" in items[0]  # a partial credit beside EX (BIRD's)
     by_level = {}
     for level in levels:
         every = [it for it in items if it[level_key] == level]
@@ -319,12 +252,8 @@ def _parser() -> argparse.ArgumentParser:
         help="one predicted SQL per line, or a predictions JSONL (rows with gold, db_id, pred)",
     )
     parser.add_argument("--gold", help="SQL<TAB>db_id per line (dev_gold.sql); not with JSONL")
-    parser.add_argument("--spider", help="a Spider release folder: its database/ and tables.json")
-    parser.add_argument(
-        "--bird",
-        help="a BIRD release folder (dev_databases/, dev_tables.json, dev_gold.sql, dev.json): "
-        "BIRD's rule, EX on result sets by difficulty",
-    )
+    for benchmark in _releases():
+        parser.add_argument(f"--{benchmark.name}", help=benchmark.release.help)
     parser.add_argument(
         "--db", help="the folder of <db_id>/<db_id>.sqlite (default SPIDER/database)"
     )
@@ -343,6 +272,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _releases() -> list[Benchmark]:
+    """The registered families whose release folder the command line can name."""
+    return [benchmark for benchmark in BENCHMARKS.values() if benchmark.release is not None]
+
+
 @dataclass
 class Inputs:
     """What one scoring run compares, resolved from the command line."""
@@ -351,31 +285,46 @@ class Inputs:
     preds: list[str]
     db: str
     table: str
-    rules: str = "spider"
-    difficulties: list[str | None] | None = None
+    benchmark: Benchmark = SPIDER
+    levels: list[str | None] | None = None
 
 
-BIRD_FILES = {"db": "dev_databases", "table": "dev_tables.json", "gold": "dev_gold.sql"}
 BIRD_MARK = "\t----- bird -----\t"  # BIRD's predict_dev.json: "SQL<mark>db_id"
 
 
+def _release(args) -> tuple[Benchmark, str | None]:
+    """(the family a --<name> DIR option names, DIR); Spider's and no folder without one.
+    With several, the last registered wins (--bird over --spider)."""
+    given = [(b, getattr(args, b.name)) for b in _releases() if getattr(args, b.name)]
+    return given[-1] if given else (SPIDER, None)
+
+
+def _named_in_rows(rows: list[dict]) -> Benchmark | None:
+    """The first family other than Spider's that a predictions row names in `format` (the
+    evaluate stage writes it in a set's rows; names not registered are ignored)."""
+    named = (BENCHMARKS.get(row.get("format")) for row in rows)
+    return next((b for b in named if b is not None and b is not SPIDER), None)
+
+
 def _inputs(args, parser) -> Inputs:
-    """Gold, predictions, databases, tables file and rules from the command line."""
-    release = args.bird or args.spider
-    files = BIRD_FILES if args.bird else {"db": "database", "table": "tables.json"}
-    db = args.db or (release and str(Path(release) / files["db"]))
-    table = args.table or (release and str(Path(release) / files["table"]))
+    """Gold, predictions, databases, tables file and benchmark from the command line."""
+    benchmark, release = _release(args)
+    db = args.db or (release and str(Path(release) / benchmark.release.databases))
+    table = args.table or (release and str(Path(release) / benchmark.release.tables))
     if not (db and table):
-        parser.error("give --spider DIR or --bird DIR, or both --db and --table")
+        names = " or ".join(f"--{b.name} DIR" for b in _releases())
+        parser.error(f"give {names}, or both --db and --table")
     gold = read_gold(args.gold) if args.gold else None  # named first when both are unreadable
     if is_jsonl(args.pred) and not is_bird_predictions(args.pred):
         if args.gold:
             parser.error(f"{args.pred} is a predictions JSONL: its rows hold the gold, drop --gold")
         gold, preds, rows = read_prediction_rows(args.pred)
-        bird = bool(args.bird) or any(row.get("format") == "bird" for row in rows)
-        levels = [row.get("difficulty") for row in rows] if bird else None
-        return Inputs(gold, preds, db, table, "bird" if bird else "spider", levels)
-    gold_file = args.gold or (args.bird and str(Path(args.bird) / BIRD_FILES["gold"]))
+        if benchmark is SPIDER:  # --spider only says where the files are
+            benchmark = _named_in_rows(rows) or SPIDER
+        levels = [row.get(benchmark.level_key) for row in rows] if benchmark.levels_given else None
+        return Inputs(gold, preds, db, table, benchmark, levels)
+    release_gold = release and benchmark.release.gold
+    gold_file = args.gold or (release_gold and str(Path(release) / release_gold))
     if not gold_file:
         parser.error("--gold is needed with one SQL a line (or give a predictions JSONL)")
     gold = gold if gold is not None else read_gold(gold_file)
@@ -390,9 +339,13 @@ def _inputs(args, parser) -> Inputs:
             f"{gold_file} has {len(gold)} gold items but {args.pred} has "
             f"{len(preds)} predictions; they must match line for line"
         )
-    if not args.bird:
+    if release is None:
         return Inputs(gold, preds, db, table)
-    return Inputs(gold, preds, db, table, "bird", read_difficulties(args.bird, len(gold)))
+    try:
+        levels = benchmark.release_levels(release, len(gold))
+    except ValueError as exc:
+        raise ScoreInputError(str(exc)) from None
+    return Inputs(gold, preds, db, table, benchmark, levels)
 
 
 def is_bird_predictions(path) -> bool:
@@ -418,20 +371,6 @@ def read_bird_predictions(path) -> list[str]:
     return [data[k].split(BIRD_MARK)[0].strip() for k in order]
 
 
-def read_difficulties(bird_dir, n: int) -> list[str | None]:
-    """Each question's difficulty from the release's dev.json (None where it has none)."""
-    path = Path(bird_dir) / "dev.json"
-    if not path.is_file():
-        return [None] * n
-    try:
-        items = json.loads(path.read_text(encoding="utf-8"))
-    except ValueError as exc:
-        raise ScoreInputError(f"{path}: not valid JSON: {exc}") from None
-    if len(items) != n:
-        raise ScoreInputError(f"{path} has {len(items)} questions but the gold has {n}")
-    return [item.get("difficulty") for item in items]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -446,8 +385,8 @@ def main(argv: list[str] | None = None) -> int:
             ExecLimits(timeout_s=args.timeout),
             args.keep_distinct,
             progress=not args.no_progress,
-            rules=inputs.rules,
-            difficulties=inputs.difficulties,
+            benchmark=inputs.benchmark,
+            levels=inputs.levels,
         )
     except (ScoreInputError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -462,27 +401,9 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-    if inputs.rules == "bird":
-        levels = "  ".join(
-            f"{level} {_percent(m['ex'])} (n={m['n']})"
-            for level, m in report["by_difficulty"].items()
-        )
-        print(f"BIRD EX {_percent(report['ex'])}  {levels}  skipped={report['skipped']}")
-        levels = "  ".join(
-            f"{level} {_percent(m['soft_f1'])}" for level, m in report["by_difficulty"].items()
-        )
-        print(f"BIRD Soft-F1 {_percent(report['soft_f1'])}  {levels}")
-        return 0
-    print(
-        f"EX {_percent(report['ex'])}  EM {_percent(report['em'])}  n={report['n']} "
-        f"skipped={report['skipped']}  EX with skipped as wrong {_percent(report['ex_all'])}"
-        f"  errors={report['errors']}" + (f"  -> {args.out}" if args.out else "")
-    )
+    for line in inputs.benchmark.report_lines(report, args.out):
+        print(line)
     return 0
-
-
-def _percent(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:.2f}%"
 
 
 if __name__ == "__main__":

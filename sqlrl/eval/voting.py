@@ -1,40 +1,16 @@
 """Self-consistency (`eval.num_samples` > 1): of N sampled queries per question, answer with
 one from the largest group of candidates that return the same result, as in SQL-R1 and OmniSQL
-(results compared the way EX compares them). Candidates that fail to execute get no vote."""
+(results compared the way EX compares them). Candidates that fail to execute get no vote.
+The vote itself is the answer path's (sqlrl.answer.vote), grouping by the benchmark's
+equality; here are evaluation's batches of it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-
-def vote(verdicts, rules: str = "spider") -> tuple[int, int]:
-    """(index of the chosen candidate, its votes) from the candidates' execution verdicts.
-
-    Candidates whose results are equal as the benchmark's EX judges results (Spider,
-    sqlrl.sql.equality: rows as a multiset, columns in any order; BIRD: rows as a set) form a
-    group; the first member of the largest group wins, the group seen first on ties. (0, 0)
-    when no candidate ran.
-    """
-    from sqlrl.sql.equality import results_match
-    from sqlrl.sql.judge import bird_results_match
-
-    def same(a, b) -> bool:
-        return bird_results_match(a, b) if rules == "bird" else results_match(a, b, ordered=False)
-
-    groups: list[list[int]] = []
-    for i, verdict in enumerate(verdicts):
-        if verdict.status != "ok":
-            continue
-        for members in groups:
-            if same(verdicts[members[0]].rows, verdict.rows):
-                members.append(i)
-                break
-        else:
-            groups.append([i])
-    if not groups:
-        return 0, 0
-    best = max(groups, key=len)  # max keeps the first of equals: the group seen first
-    return best[0], len(best)
+from sqlrl.answer import finish_answer
+from sqlrl.benchmarks.base import Benchmark
+from sqlrl.benchmarks.spider import SPIDER
 
 
 def vote_answers(
@@ -42,13 +18,12 @@ def vote_answers(
     db_paths: list[str],
     executor=None,
     fix: Callable[[int, str], str] | None = None,
-    rules: str = "spider",
+    benchmark: Benchmark = SPIDER,
     extract: Callable[[str], str] | None = None,
 ) -> list:
     """Each question's Answer (sqlrl.answer) from its N sampled texts, every candidate run
     read-only on its database; `fix(question index, sql)` rewrites each candidate before it
     runs (schema repair); `extract`: the model's format's extractor (default extract_sql)."""
-    from sqlrl.answer import finish_answer
     from sqlrl.eval.score import EVAL_TIMEOUT_S
     from sqlrl.sql.executor import ExecLimits, SQLExecutor
 
@@ -62,7 +37,7 @@ def vote_answers(
                 candidates,
                 repair=(lambda sql, q=q: fix(q, sql)) if fix is not None else None,
                 execute=lambda sqls, path=db_path: [executor.execute(path, sql) for sql in sqls],
-                rules=rules,
+                benchmark=benchmark,
                 extract=extract,
             )
         )
@@ -81,9 +56,9 @@ def self_consistency(
     db_paths: list[str],
     executor=None,
     fix: Callable[[int, str], str] | None = None,
-    rules: str = "spider",
+    benchmark: Benchmark = SPIDER,
 ) -> tuple[list[str], list[int], list[str]]:
     """(chosen SQL, votes, chosen raw text) per question from N sampled texts each (see
     vote_answers)."""
-    answers = vote_answers(samples, db_paths, executor, fix, rules)
+    answers = vote_answers(samples, db_paths, executor, fix, benchmark)
     return [a.sql for a in answers], [votes_of(a) for a in answers], [a.completion for a in answers]

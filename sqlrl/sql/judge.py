@@ -20,7 +20,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 
-from sqlrl.sql.equality import normalize_sql, order_matters, results_match
+from sqlrl.benchmarks.base import Benchmark
+from sqlrl.benchmarks.spider import SPIDER
 from sqlrl.sql.executor import ExecLimits, SQLExecutor
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,8 @@ class Judgement:
     error: str = ""  # why not, in a few words
     gold_trivial: bool = False  # the gold result is empty or only 0/NULL: any query that
     # returns nothing (or zero) "matches" it (see trivial_result)
-    soft_f1: float | None = None  # BIRD semantics, both queries ran: bird_soft_f1 of the rows
+    soft_f1: float | None = None  # both queries ran: the benchmark's partial credit (BIRD's
+    # Soft-F1), None where it gives none
 
     @property
     def status(self) -> str:
@@ -54,49 +56,13 @@ class Judgement:
         return "ok" if self.gold_status == "ok" else "error"
 
 
-SEMANTICS = ("spider", "bird")
-
-
-def bird_results_match(gold_rows, pred_rows) -> bool:
-    """BIRD's official EX (its evaluation_ex.py): the two results as sets of rows, so row
-    order and duplicate rows do not count, column order does."""
-    return set(gold_rows) == set(pred_rows)
-
-
-def bird_soft_f1(gold_rows, pred_rows) -> float:
-    """BIRD mini_dev's Soft-F1 (its evaluation_f1.py), partial credit where EX gives none.
-
-    Duplicate rows are dropped (first occurrence kept) and the i-th predicted row is paired
-    with the i-th gold row, so unlike BIRD's EX, row order counts. In a pair, each predicted
-    value found in the gold row is matched, each one not found is predicted-only, and each
-    gold value not in the predicted row is gold-only, all divided by the gold row's width; a
-    gold row without a partner is 1 gold-only, a predicted row without one 1 predicted-only.
-    F1 of precision matched / (matched + predicted-only) and recall matched / (matched +
-    gold-only); two empty results score 1.
-    """
-    gold = list(dict.fromkeys(gold_rows))
-    pred = list(dict.fromkeys(pred_rows))
-    if not gold and not pred:
-        return 1.0
-    matched = pred_only = gold_only = 0.0
-    for gold_row, pred_row in zip(gold, pred, strict=False):
-        width = len(gold_row)
-        matched += sum(value in gold_row for value in pred_row) / width
-        pred_only += sum(value not in gold_row for value in pred_row) / width
-        gold_only += sum(value not in pred_row for value in gold_row) / width
-    gold_only += max(0, len(gold) - len(pred))
-    pred_only += max(0, len(pred) - len(gold))
-    precision = matched / (matched + pred_only) if matched + pred_only else 0.0
-    recall = matched / (matched + gold_only) if matched + gold_only else 0.0
-    return 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-
-
 class Judge:
     """Executes gold (cached) and prediction on one database and compares the results.
 
-    `semantics` picks the benchmark's rule: "spider" (test-suite EX: rows as a multiset, in
-    order when the gold query sorts, columns in any order, DISTINCT normalised as Spider's
-    evaluator does) or "bird" (the SQL runs as written; results compared as sets).
+    `benchmark` (sqlrl.benchmarks) gives the rule: how both queries are run (Spider
+    normalises DISTINCT as its evaluator does, BIRD runs the SQL as written) and when two
+    results are equal (Spider: test-suite EX; BIRD: sets of rows, with Soft-F1). Spider's
+    unless told: the rewards judge by it.
 
     With `shortcuts` (rewards), work that cannot change the verdict is skipped: a prediction
     whose SQL is the gold SQL reuses the gold result, and a prediction's rows stop being read
@@ -109,14 +75,12 @@ class Judge:
         limits: ExecLimits | None = None,
         keep_distinct: bool = False,
         shortcuts: bool = False,
-        semantics: str = "spider",
+        benchmark: Benchmark = SPIDER,
     ):
-        if semantics not in SEMANTICS:
-            raise ValueError(f"semantics must be one of {SEMANTICS}, got {semantics!r}")
         self.executor = SQLExecutor(limits)
         self.keep_distinct = keep_distinct
         self.shortcuts = shortcuts
-        self.semantics = semantics
+        self.benchmark = benchmark
 
     def judge(self, db_path: str, gold_sql: str, pred_sql: str) -> Judgement:
         """Never raises: an internal failure is an 'error' judgement."""
@@ -128,8 +92,9 @@ class Judge:
             if self.shortcuts and gold.ok and _same_text(pred_sql, self._normalize(gold_sql)):
                 pred = gold
             else:
-                # BIRD's sets: more rows than the gold result can still be equal to it
-                early = self.shortcuts and gold.ok and self.semantics == "spider"
+                # where more rows than the gold result can still be equal to it (BIRD's
+                # sets), every row is read
+                early = self.shortcuts and gold.ok and self.benchmark.stops_early
                 stop = len(gold.rows) if early else None
                 pred = self.executor.execute(db_path, pred_sql, stop_after=stop)
             trivial = gold.ok and trivial_result(gold.rows)
@@ -141,24 +106,18 @@ class Judge:
                 )
             if pred.truncated:
                 return Judgement("ok", "ok", False, "more rows than the gold result", trivial)
-            if self.semantics == "bird":
-                match = bird_results_match(gold.rows, pred.rows)
-                f1 = bird_soft_f1(gold.rows, pred.rows)
-            else:
-                match, f1 = results_match(gold.rows, pred.rows, order_matters(gold_sql)), None
+            match, f1 = self.benchmark.compare(gold.rows, pred.rows, gold_sql)
             why = "" if match else "result differs"
             return Judgement("ok", "ok", match, why, trivial, soft_f1=f1)
         except Exception as exc:
             return Judgement("error", "error", False, f"internal: {type(exc).__name__}: {exc}")
 
     def _normalize(self, sql):
-        """DISTINCT handling and operator joining (Spider's rule; BIRD runs the SQL as
-        written); oversized text goes on to be refused."""
-        if self.semantics == "bird":
-            return sql
-        if isinstance(sql, str) and len(sql) <= self.executor.limits.max_sql_chars:
-            return normalize_sql(sql, self.keep_distinct)
-        return sql
+        """The SQL as the benchmark runs it (Spider's DISTINCT handling and operator joining;
+        BIRD's as written)."""
+        return self.benchmark.prepare_sql(
+            sql, self.keep_distinct, self.executor.limits.max_sql_chars
+        )
 
 
 def trivial_result(rows) -> bool:
@@ -180,9 +139,13 @@ def _same_text(a, b) -> bool:
 _worker = threading.local()
 
 
-def _init_worker(limits: ExecLimits, keep_distinct: bool, shortcuts: bool, semantics: str) -> None:
-    """Pool initializer: one Judge per worker process (or thread), kept across batches."""
-    _worker.judge = Judge(limits, keep_distinct, shortcuts, semantics)
+def _init_worker(
+    limits: ExecLimits, keep_distinct: bool, shortcuts: bool, benchmark: Benchmark
+) -> None:
+    """Pool initializer: one Judge per worker process (or thread), kept across batches (the
+    benchmark object pickles into a spawned worker, so a family registered at run time
+    judges there too)."""
+    _worker.judge = Judge(limits, keep_distinct, shortcuts, benchmark)
 
 
 def _judge_chunk(chunk: list[Item]) -> list[Judgement]:
@@ -203,7 +166,7 @@ class JudgePool:
 
     `backend` is "process" (spawned processes, safe after CUDA is initialised) or "thread".
     With `workers` <= 1, or a small batch, items are judged in this process. `shortcuts`
-    and `semantics`: see `Judge`.
+    and `benchmark`: see `Judge`.
     """
 
     def __init__(
@@ -213,7 +176,7 @@ class JudgePool:
         keep_distinct: bool = False,
         backend: str = "process",
         shortcuts: bool = False,
-        semantics: str = "spider",
+        benchmark: Benchmark = SPIDER,
     ):
         if backend not in ("process", "thread"):
             raise ValueError(f"backend must be 'process' or 'thread', got {backend!r}")
@@ -222,7 +185,7 @@ class JudgePool:
         self.keep_distinct = keep_distinct
         self.backend = backend
         self.shortcuts = shortcuts
-        self.semantics = semantics
+        self.benchmark = benchmark
         self._pool: Executor | None = None
         self._inline: Judge | None = None
         self._recent: OrderedDict[Item, Judgement] = OrderedDict()
@@ -280,7 +243,7 @@ class JudgePool:
 
     def _get_pool(self) -> Executor:
         if self._pool is None:
-            args = (self.limits, self.keep_distinct, self.shortcuts, self.semantics)
+            args = (self.limits, self.keep_distinct, self.shortcuts, self.benchmark)
             if self.backend == "thread":
                 self._pool = ThreadPoolExecutor(
                     self.workers, initializer=_init_worker, initargs=args
@@ -296,7 +259,7 @@ class JudgePool:
 
     def _inline_judge(self) -> Judge:
         if self._inline is None:
-            self._inline = Judge(self.limits, self.keep_distinct, self.shortcuts, self.semantics)
+            self._inline = Judge(self.limits, self.keep_distinct, self.shortcuts, self.benchmark)
         return self._inline
 
     def _remember(self, item: Item, judgement: Judgement) -> None:

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
 
-from sqlrl.data.prepare import recorded_path  # noqa: E402
+from sqlrl.data.rows import recorded_path  # noqa: E402
 from sqlrl.eval.score import read_gold, score_predictions  # noqa: E402
 from sqlrl.sql.equality import normalize_sql, order_matters, results_match  # noqa: E402
 from sqlrl.sql.executor import ExecLimits  # noqa: E402

@@ -1,16 +1,16 @@
-"""Evaluation sets beside Spider dev and held-out, read by their own formats.
+"""Evaluation sets beside Spider dev and held-out, each read by its benchmark family's fields.
 
-One adapter per file format, each producing `Example`s (with BIRD's evidence and difficulty
-where the format has them) and each example's database file:
-- `spider`: Spider's layout (a question list with `question` and `query`, a tables.json, and
-  database folders `<db_id>/<db_id>.sqlite`); Spider-DK and Spider-Syn are this format with
-  their own files (Spider-Syn asks its `SpiderSynQuestion`), and so is a user's own set.
-- `bird`: BIRD's (`question`, `evidence`, `SQL`, `difficulty`; `dev_tables.json` in Spider's
-  tables format; `dev_databases/<db_id>/<db_id>.sqlite`).
-A set names its files in params (eval.sets; prepare.extra_train_sets for training sets, read
-here too), relative to data/raw/; a database it lacks is
-skipped and counted, never scored as wrong, so a user with every database scores every
-question with no change of code.
+A set names its family in params (eval.sets[...].format; prepare.extra_train_sets for training
+sets, read here too) and its files relative to data/raw/. The family (sqlrl.benchmarks) says
+which keys its question files use; the files are in Spider's layout otherwise (a question
+list, a tables file, database folders `<db_id>/<db_id>.sqlite`):
+- Spider's: `question` and `query`; Spider-DK and Spider-Syn are this format with their own
+  files (Spider-Syn asks its `SpiderSynQuestion`), and so is a user's own set.
+- BIRD's: `question`, `evidence`, `SQL`, `difficulty`; `dev_tables.json`;
+  `dev_databases/<db_id>/<db_id>.sqlite`.
+A database a set lacks is skipped and counted, never scored as wrong, so a user with every
+database scores every question with no change of code. Not imported by the registry: it
+builds prompts, which the light users of sqlrl.benchmarks (params, the judge) do not need.
 """
 
 from __future__ import annotations
@@ -18,17 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sqlrl.data.prepare import recorded_path
+from sqlrl.benchmarks import get_benchmark
 from sqlrl.data.prompt_settings import PromptSettings
 from sqlrl.data.prompts import PromptFactory
-from sqlrl.data.spider import SPIDER_FIELDS, Example, Fields, SpiderDataError, load_examples
+from sqlrl.data.rows import eval_row
+from sqlrl.data.spider import Example, SpiderDataError, load_examples
 from sqlrl.data.spider import load_schemas as load_tables
-
-FORMAT_FIELDS = {
-    "spider": SPIDER_FIELDS,
-    "bird": Fields(question="question", query="SQL", evidence="evidence", difficulty="difficulty"),
-}
-SET_ROW_KEYS = ("question", "gold", "db_id", "db_path", "db_present", "prompt", "evidence")
 
 
 @dataclass(frozen=True)
@@ -51,7 +46,7 @@ def load_set(
     malformed file is one error naming the set (as `setting`.name) and the file (and the
     item)."""
     raw_dir = Path(raw_dir)
-    fields = FORMAT_FIELDS[spec.format]
+    fields = get_benchmark(spec.format).fields
     if spec.question_key:
         fields = replace(fields, question=spec.question_key)
     for path in (raw_dir / spec.questions, raw_dir / spec.tables):
@@ -81,7 +76,7 @@ def prepare_set(
         runnable = runnable[:max_examples]
     kept = set(map(id, runnable))
     rows = [
-        _row(ex, databases, prompts, spec.format)
+        eval_row(ex, databases.path(ex.db_id), prompts, spec.format)
         for ex in examples
         if id(ex) in kept or not present[ex.db_id]
     ]
@@ -93,23 +88,3 @@ def prepare_set(
         "skipped_db_absent": len(rows) - len(runnable),
         "absent_databases": absent,
     }
-
-
-def _row(example: Example, databases: Databases, prompts: PromptFactory, fmt: str) -> dict:
-    db_path = databases.path(example.db_id)
-    present = db_path.is_file()
-    row = {
-        "question": example.question,
-        "gold": example.query,
-        "db_id": example.db_id,
-        "db_path": recorded_path(db_path),
-        "db_present": present,
-        "prompt": (
-            prompts.messages(example.db_id, example.question, example.evidence) if present else None
-        ),
-        "evidence": example.evidence,
-        "format": fmt,
-    }
-    if example.difficulty is not None:
-        row["difficulty"] = example.difficulty
-    return row
