@@ -120,7 +120,8 @@ def _raw_post(base: str, body: dict) -> socket.socket:
     data = json.dumps(body).encode()
     sock = socket.create_connection((host, int(port)), timeout=30)
     sock.sendall(
-        b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST /generate HTTP/1.1\r\nHost: {host}:{port}\r\n".encode()
+        + b"Content-Type: application/json\r\n"
         + f"Content-Length: {len(data)}\r\n\r\n".encode()
         + data
     )
