@@ -1,11 +1,14 @@
-"""Prompts for a trained model, built exactly as training built them (sqlrl.data.prompts + the
-prompt settings saved with the model, sqlrl_prompt.json): what the server and the Python API
-(`TextToSQL`) send, so the Python API needs nothing of the HTTP package.
+"""A request's input, checked: what the server and the Python API (`TextToSQL`) must resolve
+before a prompt can be built, so the Python API needs nothing of the HTTP package. The prompt
+itself is built by sqlrl/data/prompts.py, the one prompt builder (the class that wrote the
+training prompts, with the prompt settings saved with the model, sqlrl_prompt.json); this
+module only says which schema a request names and why it cannot be used (`InputError`, with
+the HTTP status to answer with).
 
 Three ways a request names its schema:
 - `schema_str`: schema text already serialised by the caller; used as it is.
-- `db_id`: a database of the server's Spider directory; the schema comes from tables.json and
-  is serialised by `sqlrl.data.prompts.PromptFactory`, the class that wrote the training prompts.
+- `db_id`: a database of the server's Spider directory (checked: a known name, its file
+  present where the prompt reads sample rows); the schema comes from tables.json.
 - `ddl`: CREATE TABLE statements, parsed with sqlglot into `sqlrl.data.spider.Schema` and
   serialised in the configured format, so a compact-format model sees `table | col, col | ...`
   as trained.
@@ -159,8 +162,10 @@ def schema_from_ddl(ddl: str, db_id: str = "ddl") -> Schema:
 # --------------------------------------------------------------------------- prompts
 
 
-class PromptBuilder:
-    """Chat messages for a request, the way `sqlrl.data.prepare` made the training prompts."""
+class RequestInput:
+    """A request's schema source checked against the Spider folder's databases, and its chat
+    messages from the one prompt builder (`PromptFactory`), as prepare made the training
+    prompts."""
 
     def __init__(
         self, settings: PromptSettings, spider_dir: str | Path | None, local: bool = False
@@ -298,8 +303,6 @@ class PromptBuilder:
         db_id: str | None = None,
         ddl: str | None = None,
     ) -> list[dict]:
-        from sqlrl.data.prompts import build_messages
-
         s = self.settings
         try:
             if db_id is not None:
@@ -307,8 +310,8 @@ class PromptBuilder:
                 return self._factory.messages(db_id, question)
             if ddl is not None:
                 return self._factory.messages_for_schema(schema_from_ddl(ddl), question)
-            return build_messages(schema_str or "", question, s.system_prompt)
+            return self._factory.messages_for_text(schema_str or "", question)
         except InputError:
             raise
-        except ValueError as exc:  # build_messages: empty question or schema
+        except ValueError as exc:  # the prompt builder's: empty question or schema
             raise InputError(str(exc)) from None
