@@ -143,21 +143,6 @@ def _count(completions) -> int:
         return 0
 
 
-def _judged(
-    limits: ExecLimits | None = None,
-    workers: int | None = None,
-    keep_distinct: bool = False,
-    backend: str = "process",
-    schemas: dict | None = None,
-    executable_credit: float = 0.0,
-    extract=extract_sql,
-) -> _Rewards:
-    """The shared state of one set of rewards: a judge pool (its workers start with the first
-    batch) and the settings `make_rewards` documents."""
-    pool = JudgePool(limits, workers, keep_distinct, backend, shortcuts=True)
-    return _Rewards(pool, schemas, extract, executable_credit)
-
-
 def _shares_the_pool(fn, state: _Rewards):
     """`fn` with its state's pool and counts as attributes (closed, counted by grpo)."""
     fn.pool = state.pool
@@ -238,7 +223,8 @@ def make_rewards(
     the batch's db_id and question columns (grpo.schema_repair). `executable_credit` is the
     execution reward of SQL that runs but returns the wrong result (Arctic-Text2SQL-R1: 0.1;
     its range is checked where params load: grpo.executable_credit)."""
-    state = _judged(limits, workers, keep_distinct, backend, schemas, executable_credit, extract)
+    pool = JudgePool(limits, workers, keep_distinct, backend, shortcuts=True)
+    state = _Rewards(pool, schemas, extract, executable_credit)
     return build_execution_reward(state), build_syntax_reward(state)
 
 
@@ -256,7 +242,7 @@ def make_execution_reward(
 def _defaults() -> dict:
     """The registry at default settings (5 s limit, one pool started on first use), built on
     first use: the module-level `execution_reward`/`syntax_reward` and `resolve_reward`'s."""
-    state = _judged()
+    state = _Rewards(JudgePool(shortcuts=True))
     return {name: _imported(path)(state) for name, path in REWARDS.items()}
 
 
@@ -311,11 +297,11 @@ def reward_registry(params, spider_dir: str | Path, rollout: str | None = None) 
     prompt selection and in training, so a prompt's pass rate is measured by the reward it
     is trained on. Schema repair reads the schemas from spider_dir/tables.json."""
     schemas = load_schemas(Path(spider_dir) / "tables.json") if params.schema_repair else None
-    state = _judged(
-        ExecLimits(timeout_s=params.reward_timeout_s),
-        schemas=schemas,
-        executable_credit=params.executable_credit,
-        extract=get_format(rollout or params.rollout).extract,
+    state = _Rewards(
+        JudgePool(ExecLimits(timeout_s=params.reward_timeout_s), shortcuts=True),
+        schemas,
+        get_format(rollout or params.rollout).extract,
+        params.executable_credit,
     )
     return {name: _imported(path)(state) for name, path in REWARDS.items()}
 
