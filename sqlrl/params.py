@@ -29,6 +29,7 @@ from pydantic import StrictBool as Bool
 from pydantic.dataclasses import dataclass
 
 from sqlrl.errors import PipelineError
+from sqlrl.reward_names import REWARDS as BUILTIN_REWARDS  # the rewards' one registry
 
 SCHEMA_FORMATS = ("compact", "ddl")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -45,7 +46,6 @@ RESERVED_SET_NAMES = {"dev", "heldout", "generation"}
 # call tools (their Format's `calls_tools`)
 ROLLOUTS = ("sql", "reasoning", "agent")
 TOOL_ROLLOUTS = ("agent",)
-BUILTIN_REWARDS = ("execution", "syntax", "format")  # sqlrl/train/rewards.py's registry
 REWARD_IMPORT = r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$"  # package.module:function
 
 

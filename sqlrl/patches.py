@@ -8,11 +8,10 @@ touches only the object it must and is undone when its `with` block ends.
 
 - completion_logits_only_on_cpu: TRL scores only completion tokens on a Triton device but
   every position elsewhere; on a CPU the vocabulary-sized head over the prompt dominates a step.
-- shared_prompt_prefill: TRL's transformers rollouts hold each prompt num_generations times in
-  a row; run each prompt once and copy its KV cache to the repeats.
 - timed_rollouts: the seconds GRPO spends generating and scoring (no public hook times it).
 - left_padded_position_ids: the position ids transformers gives a left-padded prompt, so a
-  KV cache computed outside `generate` holds the keys `generate` would compute.
+  KV cache computed outside `generate` holds the keys `generate` would compute (the shared
+  prompt prefill of sqlrl/model/generate.py, which imports this module, never the reverse).
 - vllm_cpu_keeps_linear_weights: vLLM's CPU build repacks each linear layer's weights for its
   own GEMM kernels and drops the originals, so a colocated engine cannot take TRL's weight
   sync; keep them in place (on a CPU build only; the GPU path is unchanged).
@@ -82,33 +81,6 @@ def completion_logits_only_on_cpu():
 
 
 @contextmanager
-def shared_prompt_prefill(model):
-    """For the block: `model.generate` (what TRL's transformers rollouts call) runs each
-    repeated prompt once and copies its KV cache to the repeats
-    (sqlrl.model.generate.shared_prefix_generate): the same samples for ~1/num_generations of
-    the prompt compute. Calls without a prompt batch go to the model's own generate."""
-    require_written_for("transformers")
-    from sqlrl.model.generate import shared_prefix_generate
-
-    own_generate = model.generate
-
-    def generate(input_ids=None, attention_mask=None, generation_config=None, **kwargs):
-        if input_ids is None or attention_mask is None:
-            return own_generate(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                generation_config=generation_config,
-                **kwargs,
-            )
-        return shared_prefix_generate(
-            model, input_ids, attention_mask, generation_config, generate=own_generate, **kwargs
-        )
-
-    with _instance_attribute(model, "generate", generate):
-        yield
-
-
-@contextmanager
 def timed_rollouts(trainer, add_seconds):
     """For the block: each call of the GRPO trainer's rollout step (generation, reward and
     advantages: GRPOTrainer._generate_and_score_completions) adds its wall time through
@@ -127,14 +99,15 @@ def timed_rollouts(trainer, add_seconds):
         finally:
             add_seconds(time.perf_counter() - start)
 
-    with _instance_attribute(trainer, name, timed):
+    with instance_attribute(trainer, name, timed):
         yield
 
 
 @contextmanager
-def _instance_attribute(obj, name: str, value):
+def instance_attribute(obj, name: str, value):
     """obj.name = value for the block; then what it was (the class's attribute, or the
-    instance's own)."""
+    instance's own): how every patch here is scoped (and sqlrl.model.generate's
+    shared_prompt_prefill)."""
     own = vars(obj).get(name, _ABSENT)
     setattr(obj, name, value)
     try:
@@ -236,12 +209,12 @@ def per_turn_completion_budget(trainer):
         if not loop_prompts:  # the first turn: the whole budget is left
             return own_turn(sequences, *args, **kwargs)
         left = _budget_left(sequences, loop_prompts[-1], trainer.max_completion_length)
-        with _instance_attribute(holder, field, left):
+        with instance_attribute(holder, field, left):
             return own_turn(sequences, *args, **kwargs)
 
     with (
-        _instance_attribute(trainer, loop_name, loop),
-        _instance_attribute(trainer, turn_name, turn),
+        instance_attribute(trainer, loop_name, loop),
+        instance_attribute(trainer, turn_name, turn),
     ):
         yield
 

@@ -51,11 +51,11 @@ class TextToSQL:
         from sqlrl.data.prompt_settings import PromptSettings
         from sqlrl.formats import get_format
         from sqlrl.model.generate import make_generator
-        from sqlrl.prompt_builder import PromptBuilder
+        from sqlrl.request_input import RequestInput
         from sqlrl.sql.executor import ExecLimits, SQLExecutor
 
         self.settings = PromptSettings.for_model(model_dir, **prompt_overrides)
-        self.prompts = PromptBuilder(self.settings, spider_dir or default_spider_dir(), local=True)
+        self.prompts = RequestInput(self.settings, spider_dir or default_spider_dir(), local=True)
         self.generator, self.tokenizer = make_generator(
             model_dir,
             use_vllm=use_vllm,

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from sqlrl.data.prompt_settings import write_prompt_settings
-from sqlrl.prompt_builder import PromptBuilder
+from sqlrl.request_input import RequestInput
 from sqlrl.serve import PromptSettings, ServeConfig
 from tests.repo_tools import REPO_ROOT, SPIDER_DIR
 
@@ -98,7 +98,7 @@ def train_served_model(path: Path, arch=None) -> Path:
     from sqlrl.data.prompts import render_prompt
     from sqlrl.model.modeling import build_scratch_model, to_transformers_tokenizer, train_tokenizer
 
-    builder = PromptBuilder(SETTINGS, SPIDER_DIR)
+    builder = RequestInput(SETTINGS, SPIDER_DIR)
     messages = [builder.messages(q, db_id="concert_singer") for q, _ in PAIRS]
     texts = [m["content"] for ms in messages for m in ms] + [sql for _, sql in PAIRS]
     arch = arch or tiny_arch()

@@ -24,7 +24,7 @@ from sqlrl.formats.reasoning import REASONING_SYSTEM_PROMPT
 from sqlrl.formats.tool_loop import AgentLoop, render_agent_prompt, tool_schemas
 from sqlrl.jsonio import read_jsonl
 from sqlrl.params import EvalParams
-from sqlrl.prompt_builder import PromptBuilder
+from sqlrl.request_input import RequestInput
 from tests.repo_tools import fixed_params
 
 SINGERS = "How many singers do we have?"
@@ -75,7 +75,7 @@ def md5(path) -> str:
 
 
 def test_inference_prompts_are_the_training_prompts(spider_dir, tokenizer):
-    """The server and TextToSQL (PromptBuilder with the model's recorded format) render the
+    """The server and TextToSQL (RequestInput with the model's recorded format) render the
     prompt training rendered: GRPO's rows (Format.rows) and SFT's trajectories
     (the format's sft_formatter) for the agent, with the tool's schema; GRPO's rows for reasoning."""
     from sqlrl.data.spider import load_examples
@@ -90,7 +90,7 @@ def test_inference_prompts_are_the_training_prompts(spider_dir, tokenizer):
     grpo = grpo_rows(spider_dir, [example])
     settings = dict(schema_format="compact", sample_rows=0, system_prompt="SQL only.")
 
-    reasoning = PromptBuilder(PromptSettings(**settings, rollout="reasoning"), spider_dir)
+    reasoning = RequestInput(PromptSettings(**settings, rollout="reasoning"), spider_dir)
     asked = reasoning.messages(example.question, db_id="department_management")
     trained = get_format("reasoning").rows(grpo)[0]["prompt"]
     assert asked[0]["content"] == REASONING_SYSTEM_PROMPT
@@ -105,7 +105,7 @@ def test_inference_prompts_are_the_training_prompts(spider_dir, tokenizer):
     trained_grpo = render_agent_prompt(
         tokenizer, get_format("agent").rows(grpo)[0]["prompt"], tool_schemas()
     )
-    agent = PromptBuilder(PromptSettings(**settings, rollout="agent"), spider_dir)
+    agent = RequestInput(PromptSettings(**settings, rollout="agent"), spider_dir)
     asked = agent.messages(example.question, db_id="department_management")
     inference = render_agent_prompt(tokenizer, asked, tool_schemas())
     assert asked[0]["content"] == AGENT_SYSTEM_PROMPT

@@ -380,7 +380,7 @@ def test_column_descriptions_are_attached_to_each_described_column(bird_release)
 def test_the_server_builds_the_described_prompt_prepare_wrote(bird_release):
     """Training, evaluation and serving share the prompt path: the server's builder, given
     the same databases, sends the prompt prepare_eval wrote (without BIRD's evidence)."""
-    from sqlrl.prompt_builder import PromptBuilder
+    from sqlrl.request_input import RequestInput
 
     row = _described(bird_release, schema_format="ddl")[1]  # the question without evidence
     release = bird_release / "bird-dev"
@@ -391,7 +391,7 @@ def test_the_server_builds_the_described_prompt_prepare_wrote(bird_release):
     settings = PromptSettings.from_prepare(
         dataclasses.replace(_params().prepare, column_descriptions=True, schema_format="ddl")
     )
-    builder = PromptBuilder(settings, server, local=True)
+    builder = RequestInput(settings, server, local=True)
     assert builder.messages(row["question"], db_id="club") == row["prompt"]
 
 

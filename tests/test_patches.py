@@ -9,6 +9,7 @@ import types
 import pytest
 
 import sqlrl.patches as patches
+from sqlrl.model.generate import shared_prompt_prefill
 from tests.repo_tools import REPO_ROOT
 
 # torch's own capability probes (no public API says whether AMX or oneDNN bf16 is there)
@@ -53,7 +54,7 @@ def test_a_release_the_patches_were_not_written_for_is_refused_by_name(
         with (
             patches.completion_logits_only_on_cpu()
             if package == "trl"
-            else (patches.shared_prompt_prefill(types.SimpleNamespace(generate=None)))
+            else (shared_prompt_prefill(types.SimpleNamespace(generate=None)))
         ):
             pass
 
@@ -83,7 +84,7 @@ def test_shared_prompt_prefill_lasts_for_its_block():
             return "own"
 
     model = Model()
-    with patches.shared_prompt_prefill(model):
+    with shared_prompt_prefill(model):
         assert model.generate is not Model.generate and "generate" in vars(model)
         assert model.generate() == "own"  # no prompt batch: the model's own generate
     assert "generate" not in vars(model) and model.generate() == "own"

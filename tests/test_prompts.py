@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 
 from sqlrl.data.prompts import (
@@ -130,3 +132,38 @@ def test_prompts_render_as_qwen25_sees_them_and_the_scratch_model_matches():
     )
     scratch = to_transformers_tokenizer(train_tokenizer(["SELECT a FROM t"] * 10, 300))
     assert render_prompt(scratch, messages) == qwen
+
+
+@pytest.mark.parametrize("rollout", ["sql", "reasoning"])
+def test_a_requests_three_schema_sources_get_the_training_prompt(schemas, spider_dir, rollout):
+    """A request's prompt (sqlrl/request_input.py) is the one prompt builder's: by db_id, as
+    DDL, or as the schema text training serialised, the same messages as prepare's
+    PromptFactory, in the model's answer format; input it cannot use is an InputError."""
+    from sqlrl.data.prompt_settings import PromptSettings
+    from sqlrl.data.prompts import PromptFactory
+    from sqlrl.formats import get_format
+    from sqlrl.request_input import InputError, RequestInput
+
+    settings = PromptSettings("compact", 0, "Write SQLite.", rollout=rollout)
+    question = "How many  singers are there?"
+    factory = PromptFactory(settings, schemas, spider_dir)
+    trained = get_format(rollout).prompt(factory.messages("concert_singer", question))
+    request = RequestInput(settings, spider_dir)
+    db = sqlite3.connect(database_path(spider_dir, "concert_singer"))
+    try:  # concert_singer's CREATE TABLE statements, from its SQLite file
+        ddl = ";\n".join(
+            r[0] for r in db.execute("SELECT sql FROM sqlite_master WHERE type = 'table'")
+        )
+    finally:
+        db.close()
+    text = factory.schema_text("concert_singer")
+    assert request.messages(question, db_id="concert_singer") == trained
+    assert request.messages(question, ddl=ddl) == trained
+    assert request.messages(question, schema_str=text) == trained
+    assert (
+        trained[1]["content"]
+        == f"Database schema:\n{text}\n\nQuestion: How many singers are there?"
+    )
+    with pytest.raises(InputError, match="the schema is empty") as caught:
+        request.messages(question, schema_str="  ")
+    assert (caught.value.status, caught.value.param) == (422, None)

@@ -10,8 +10,12 @@ import unicodedata
 
 import pytest
 
-from sqlrl.model.modeling import QWEN2_PRETOKENIZE_REGEX
-from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer, ranks_file, save_qwen25_tokenizer
+from sqlrl.model.qwen_tokenizer import (
+    QWEN2_PRETOKENIZE_REGEX,
+    build_qwen25_tokenizer,
+    ranks_file,
+    save_qwen25_tokenizer,
+)
 
 
 @pytest.fixture(scope="module")

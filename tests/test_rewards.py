@@ -324,15 +324,18 @@ def test_a_failing_extraction_scores_only_its_completion_zero(rewards, relative_
 def test_the_registry_names_each_reward_and_params_order_them(spider_dir):
     """grpo.reward_weights maps names to weights; TRL gets the functions and the weights in its
     order, and the defaults mean what they meant before names (execution 1, syntax 0)."""
-    from sqlrl.train.rewards import REWARDS, reward_functions, reward_weight_list
+    from sqlrl.reward_names import REWARDS
+    from sqlrl.train.rewards import reward_functions, reward_registry, reward_weight_list
     from tests.repo_tools import fixed_params
 
-    assert {n: f.__name__ for n, f in REWARDS.items()} == {
+    grpo = fixed_params().grpo
+    registry = reward_registry(grpo, spider_dir)
+    assert list(registry) == list(REWARDS)  # every name built, in the registry's order
+    assert {n: f.__name__ for n, f in registry.items()} == {  # the names TRL logs
         "execution": "execution_reward",
         "syntax": "syntax_reward",
         "format": "format_reward",
     }
-    grpo = fixed_params().grpo
     assert [f.__name__ for f in reward_functions(grpo, spider_dir)] == [
         "execution_reward",
         "syntax_reward",
@@ -371,6 +374,32 @@ def test_a_users_reward_is_imported_by_its_dotted_path(tmp_path, monkeypatch, re
         with pytest.raises(RewardError, match=message) as caught:
             resolve_reward(name)
         assert "\n" not in str(caught.value)
+
+
+def test_importing_the_rewards_builds_nothing():
+    """No judge pool is made when sqlrl.train.rewards is imported (every training stage does),
+    and sqlrl.params reads the reward names without importing it: the registry's builders run
+    when a run's rewards, or the module-level defaults, are first asked for."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import sqlrl.params\n"
+        "assert 'sqlrl.train.rewards' not in sys.modules and 'sqlrl.sql.judge' not in sys.modules\n"
+        "from sqlrl.sql import judge\n"
+        "built = []\n"
+        "real = judge.JudgePool.__init__\n"
+        "judge.JudgePool.__init__ = lambda self, *a, **k: built.append(1) or real(self, *a, **k)\n"
+        "from sqlrl.train import rewards\n"
+        "print(len(built), end=' ')\n"
+        "rewards.execution_reward, rewards.syntax_reward, rewards.resolve_reward('format')\n"
+        "print(len(built))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.split() == ["0", "1"]  # the defaults: built once, on first use
 
 
 def test_importing_and_building_the_rewards_starts_no_worker_process(spider_dir):

@@ -2,7 +2,7 @@
 
 The fixture trains a tiny Qwen2 model for a few seconds until it reproduces
 `SELECT count(*) FROM singer` / `SELECT Name FROM stadium` for prompts built by the server's own
-prompt builder on Spider's concert_singer, so the tests see real model output. vLLM is never
+request input on Spider's concert_singer, so the tests see real model output. vLLM is never
 installed here: its paths run against a stand-in module in sys.modules.
 """
 
@@ -26,7 +26,7 @@ import torch
 from fastapi.testclient import TestClient  # a hard dependency: never skip these tests
 
 from sqlrl.data.prompt_settings import PromptSettingsError, write_prompt_settings
-from sqlrl.prompt_builder import PromptBuilder
+from sqlrl.request_input import RequestInput
 from sqlrl.serve import PromptSettings, ServeConfig, create_app, schema_from_ddl
 from sqlrl.serve.backends import BackendOptions, BatchingBackend, Busy, make_backend
 from tests.repo_tools import SPIDER_DIR
@@ -65,7 +65,7 @@ def client(trained):
 
 def test_generate_returns_the_trained_sql_for_every_schema_form(client):
     schema_text = (
-        PromptBuilder(SETTINGS, SPIDER_DIR)
+        RequestInput(SETTINGS, SPIDER_DIR)
         .messages("x", db_id="concert_singer")[1]["content"]
         .split("\n")[1]
     )
@@ -91,10 +91,10 @@ def test_generate_returns_the_trained_sql_for_every_schema_form(client):
 
 
 def test_ddl_prompt_equals_the_training_prompt():
-    builder = PromptBuilder(SETTINGS, SPIDER_DIR)
+    builder = RequestInput(SETTINGS, SPIDER_DIR)
     assert builder.messages("Q?", ddl=CONCERT_DDL) == builder.messages("Q?", db_id="concert_singer")
     ddl_settings = PromptSettings("ddl", 0, "sys")
-    ddl_builder = PromptBuilder(ddl_settings, SPIDER_DIR)
+    ddl_builder = RequestInput(ddl_settings, SPIDER_DIR)
     schema = schema_from_ddl(CONCERT_DDL)
     assert [t.name for t in schema.tables] == ["stadium", "singer", "concert", "singer_in_concert"]
     singer = schema.tables[1]
@@ -136,7 +136,7 @@ def test_served_prompts_are_the_prompts_the_model_was_evaluated_on(prepared_dir,
         prep.max_prompt_tokens,
     )
     rows = [r for r in read_jsonl(prepared_dir / "dev.jsonl")[:50] if r.get("prompt")]
-    builder = PromptBuilder(settings, SPIDER_DIR)
+    builder = RequestInput(settings, SPIDER_DIR)
     for row in rows[:5]:
         assert builder.messages(row["question"], db_id=row["db_id"]) == row["prompt"]
 
@@ -391,7 +391,7 @@ def test_evaluation_the_server_and_the_python_api_answer_alike(trained, tokenize
     answers = {}
     for repair in (True, False):
         settings = dataclasses.replace(SETTINGS, schema_repair=repair)
-        builder = PromptBuilder(settings, SPIDER_DIR)
+        builder = RequestInput(settings, SPIDER_DIR)
         row = {
             "question": Q,
             "gold": "SELECT count(*) FROM singer",
@@ -1058,7 +1058,7 @@ def test_greedy_is_plain_argmax_whatever_the_checkpoint_asks_for(penalised):
         r = c.post("/generate", json={"question": Q, "schema_str": schema})
     assert r.status_code == 200, r.text
     model, tok = load_model_and_tokenizer(penalised)
-    prompt = render_prompt(tok, PromptBuilder(SETTINGS, None).messages(Q, schema_str=schema))
+    prompt = render_prompt(tok, RequestInput(SETTINGS, None).messages(Q, schema_str=schema))
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
     stops = stop_token_ids(tok, model)
     plain = _argmax_decode(model.eval(), ids, 16, stops)
@@ -1252,7 +1252,7 @@ def test_health_answers_while_ddl_is_parsed_and_ddl_size_is_bounded(
     waits; parsed on the event loop, the server could not answer until the gate opens."""
     import httpx
 
-    from sqlrl import prompt_builder as prompting
+    from sqlrl import request_input as prompting
 
     parse, parsing, release = prompting.schema_from_ddl, threading.Event(), threading.Event()
 
@@ -1420,9 +1420,9 @@ def test_every_serve_flag_is_described_with_its_environment_variable():
 
 
 def test_the_python_api_builds_its_prompts_without_the_http_package():
-    """TextToSQL and the prompt builder it shares with the server import no FastAPI."""
+    """TextToSQL and the request input it shares with the server import no FastAPI."""
     code = (
-        "import sys, sqlrl.text_to_sql, sqlrl.prompt_builder; "
+        "import sys, sqlrl.text_to_sql, sqlrl.request_input; "
         "print(sorted(m for m in ('fastapi', 'starlette', 'uvicorn') if m in sys.modules))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

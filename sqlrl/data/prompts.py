@@ -1,5 +1,6 @@
 """The one prompt builder. SFT, GRPO, evaluation and serving all call it, so the prompt a model
-is trained on is byte for byte the prompt it is served with.
+is trained on is byte for byte the prompt it is served with (a request's schema, whichever way
+it is given, is checked by sqlrl/request_input.py and then built here: `PromptFactory`).
 
 A prompt is a list of chat messages (system + user); the tokenizer's chat template renders it.
 Two schema serialisations, chosen by `prepare.schema_format`:
@@ -185,6 +186,11 @@ class PromptFactory:
         """The prompt for a question on a schema without a database (no sample rows)."""
         text = serialize_schema(schema, self.settings.schema_format)
         return self._messages(schema, text, question)
+
+    def messages_for_text(self, schema_text: str, question: str) -> list[dict]:
+        """The prompt for a question on schema text given as it is (a request's schema_str):
+        opaque text, so no schema mentions are marked."""
+        return build_messages(schema_text, question, self.settings.system_prompt)
 
     def _messages(
         self, schema: Schema, schema_text: str, question: str, evidence: str = ""

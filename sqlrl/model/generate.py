@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 from sqlrl.params import check_sampling
+from sqlrl.patches import instance_attribute, left_padded_position_ids, require_written_for
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +165,6 @@ def shared_prefix_generate(
     `generate`: the model's own generate method, where `model.generate` is this function."""
     import torch
 
-    from sqlrl.patches import left_padded_position_ids
-
     generate = generate or model.generate
     starts, lengths = repeated_rows(input_ids, attention_mask)
     if len(starts) == len(input_ids) or input_ids.shape[1] < 2:
@@ -205,6 +204,33 @@ def shared_prefix_generate(
         generation_config=generation_config,
         **kwargs,
     )
+
+
+@contextmanager
+def shared_prompt_prefill(model):
+    """For the block: `model.generate` (what TRL's transformers rollouts call, each prompt
+    num_generations times in a row) is `shared_prefix_generate`: each repeated prompt runs
+    once and its KV cache is copied to the repeats, the same samples for ~1/num_generations
+    of the prompt compute. Calls without a prompt batch go to the model's own generate.
+    It lives here, beside the generation it installs; the transformers internals it relies
+    on (left_padded_position_ids, the version check) are sqlrl/patches.py's."""
+    require_written_for("transformers")
+    own_generate = model.generate
+
+    def generate(input_ids=None, attention_mask=None, generation_config=None, **kwargs):
+        if input_ids is None or attention_mask is None:
+            return own_generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=generation_config,
+                **kwargs,
+            )
+        return shared_prefix_generate(
+            model, input_ids, attention_mask, generation_config, generate=own_generate, **kwargs
+        )
+
+    with instance_attribute(model, "generate", generate):
+        yield
 
 
 @contextmanager

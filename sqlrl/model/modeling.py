@@ -26,6 +26,11 @@ from pathlib import Path
 
 from sqlrl.errors import PipelineError
 from sqlrl.jsonio import write_json
+from sqlrl.model.qwen_tokenizer import (
+    QWEN25_CHAT_TEMPLATE,
+    build_qwen25_tokenizer,
+    qwen2_pre_tokenizer,
+)
 from sqlrl.outputs import save_atomically
 from sqlrl.params import ArchitectureParams, BaseParams, LoraParams, parse_bool
 
@@ -35,11 +40,6 @@ SPECIAL_TOKENS = [ENDOFTEXT, IM_START, IM_END]
 # Qwen2.5's tool-call markers: added tokens there (whole, never split), but not special
 # (decode(skip_special_tokens=True) keeps them, which TRL's response parser relies on).
 TOOL_CALL_TOKENS = ["<tool_call>", "</tool_call>"]
-# Qwen2's pre-tokenizer split (transformers' Qwen2Tokenizer uses the same expression).
-QWEN2_PRETOKENIZE_REGEX = (
-    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"""
-    r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-)
 # ChatML like Qwen2.5's template (system default, then <|im_start|>role\ncontent<|im_end|>\n).
 CHATML_TEMPLATE = (
     "{%- if not messages or messages[0]['role'] != 'system' %}"
@@ -57,17 +57,6 @@ class BaseModelError(PipelineError, RuntimeError):
 
 
 # --------------------------------------------------------------------------- tokenizer
-
-
-def qwen2_pre_tokenizer():
-    from tokenizers import Regex, pre_tokenizers
-
-    return pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int, tool_tokens: bool = False):
@@ -115,8 +104,6 @@ def to_transformers_tokenizer(tokenizer, tool_template: bool = False):
     )
     hf.chat_template = CHATML_TEMPLATE
     if tool_template:
-        from sqlrl.model.qwen_tokenizer import QWEN25_CHAT_TEMPLATE
-
         missing = [t for t in TOOL_CALL_TOKENS if t not in state["vocab"]]
         if missing:
             raise ValueError(f"the trained tokenizer has no {missing}: train it with tool_tokens")
@@ -201,12 +188,8 @@ def build_scratch(
     out_dir = Path(out_dir)
     arch = params.architecture
     if params.tokenizer == "qwen2.5":  # the reference model's own (the GPU path rehearsed)
-        from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer
-
         tokenizer = build_qwen25_tokenizer()
     else:  # trained, or trained-tools: a small vocabulary that can call tools
-        from sqlrl.model.qwen_tokenizer import QWEN25_CHAT_TEMPLATE
-
         tools = params.tokenizer == "trained-tools"
         texts = training_texts(sft_jsonl, QWEN25_CHAT_TEMPLATE if tools else None)
         trained = train_tokenizer(texts, arch.vocab_size, tool_tokens=tools)

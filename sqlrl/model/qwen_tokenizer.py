@@ -15,7 +15,25 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-from sqlrl.model.modeling import QWEN2_PRETOKENIZE_REGEX, qwen2_pre_tokenizer
+# Qwen2's pre-tokenizer split (transformers' Qwen2Tokenizer uses the same expression).
+QWEN2_PRETOKENIZE_REGEX = (
+    r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"""
+    r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+)
+
+
+def qwen2_pre_tokenizer():
+    """Qwen2's pre-tokenizer (the split above, then byte-level): the real tokenizer's, and the
+    one a scratch tokenizer is trained with (sqlrl/model/modeling.py), so both split text alike."""
+    from tokenizers import Regex, pre_tokenizers
+
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+
 
 ADDED_TOKENS = [
     "<|endoftext|>",

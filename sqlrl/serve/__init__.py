@@ -27,7 +27,7 @@ SQLRL_SPIDER_DIR, SQLRL_BACKEND, SQLRL_MAX_BATCH_SIZE, SQLRL_REQUEST_TIMEOUT_S, 
 from __future__ import annotations
 
 from sqlrl.data.prompt_settings import PromptSettings
-from sqlrl.prompt_builder import schema_from_ddl
+from sqlrl.request_input import schema_from_ddl
 from sqlrl.serve.application import create_app
 from sqlrl.serve.cli import config_from_env, main
 from sqlrl.serve.config import ServeConfig

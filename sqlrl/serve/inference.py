@@ -63,7 +63,7 @@ def prepare_request(service, req, inference) -> tuple[dict, list[dict], str, obj
     database, the database an execute request runs the answer on, that prompt's tokens):
     the CPU work (DDL parsing, rendering, tokenization) kept off the event loop, the prompt's
     length checked as the format renders it (an agent's with the tool's schema)."""
-    from sqlrl.prompt_builder import InputError
+    from sqlrl.request_input import InputError
     from sqlrl.serve.http_errors import HTTPError
 
     opts = service.settings_for(req)

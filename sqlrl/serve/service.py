@@ -1,8 +1,8 @@
 """The service behind the routes: one request's answer, without HTTP. `Service` holds the
-configuration, the prompt builder, the backend and the counters; it checks a request's
-settings against the server's bounds, builds its prompt, generates through the backend (with
-a deadline, 504, and a bounded queue, 503), extracts, repairs and votes, and runs SQL
-read-only. DDL parsing and tokenization run in a small worker pool off the event loop.
+configuration, the request input (sqlrl/request_input.py), the backend and the counters; it
+checks a request's settings against the server's bounds, builds its prompt, generates through
+the backend (with a deadline, 504, and a bounded queue, 503), extracts, repairs and votes, and
+runs SQL read-only. DDL parsing and tokenization run in a small worker pool off the event loop.
 
 The layers (none imports a layer above it): `config` (ServeConfig) -> `service` (this) ->
 `http` (bodies, limits, the API key, error shapes) -> `routes/` (native, openai, playground)
@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict
 
 from sqlrl.answer import Answer, candidate_sqls, schema_repair
 from sqlrl.params import ParamsError, check_sampling
-from sqlrl.prompt_builder import InputError, PromptBuilder
+from sqlrl.request_input import InputError, RequestInput
 from sqlrl.serve.backends import Busy, NotReady, make_backend
 from sqlrl.serve.config import ServeConfig, prompt_settings_for
 from sqlrl.serve.http_errors import (
@@ -138,13 +138,13 @@ def generate_body(req: GenerateRequest, served: Served) -> dict:
 
 
 class Service:
-    """What the routes share: config, prompt builder, backend, counters."""
+    """What the routes share: config, request input (prompts), backend, counters."""
 
     def __init__(self, config: ServeConfig, backend=None, prompt_settings=None):
         self.config = config
         self.backend = backend
         self.settings = prompt_settings or prompt_settings_for(config)
-        self.prompts = PromptBuilder(self.settings, config.spider_dir or None)
+        self.prompts = RequestInput(self.settings, config.spider_dir or None)
         self.started = time.time()
         self.counts = Counter()
         self.load_seconds = None

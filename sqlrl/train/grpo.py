@@ -29,12 +29,12 @@ from pathlib import Path
 from sqlrl.errors import PipelineError
 from sqlrl.formats import get_format
 from sqlrl.hardware import resolve_bf16, set_torch_threads
+from sqlrl.model.generate import shared_prompt_prefill
 from sqlrl.outputs import save_atomically
 from sqlrl.params import GrpoParams
 from sqlrl.patches import (
     completion_logits_only_on_cpu,
     per_turn_completion_budget,
-    shared_prompt_prefill,
     timed_rollouts,
     vllm_cpu_keeps_linear_weights,
 )
@@ -333,7 +333,8 @@ def train_grpo(
             **agent,
         )
     reseed_after_vllm_engine(trainer, seed)
-    with contextlib.ExitStack() as patched:  # sqlrl/patches.py: what each one does and why
+    # sqlrl/patches.py says what each does and why; shared_prompt_prefill: sqlrl.model.generate
+    with contextlib.ExitStack() as patched:
         patched.enter_context(timed_rollouts(trainer, timer.add_rollout))
         patched.enter_context(completion_logits_only_on_cpu())
         if not args.use_vllm:

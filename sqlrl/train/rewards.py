@@ -7,9 +7,12 @@ advantage) instead of a silent 0. `syntax_reward` gives 1.0 to SQL that executes
 with grpo.reward_weights.syntax (e.g. 0.1); `format_reward` pays for the reasoning rollout's
 <think>/<answer> shape. None ever raises.
 
-Rewards are chosen by name (`REWARDS`, the registry; grpo.reward_weights maps names to weights),
-or as a user's `package.module:function` (`resolve_reward`). Building them starts no worker
-pool: the judge's workers start with the first batch it judges.
+Rewards are chosen by name (sqlrl/reward_names.py's `REWARDS`, the one registry: name -> its
+builder here; grpo.reward_weights maps names to weights), or as a user's
+`package.module:function` (`resolve_reward`). Importing this module builds nothing: a run's
+rewards are built by `reward_registry` (or `make_rewards`), and the module-level
+`execution_reward`/`syntax_reward` (defaults: 5 s limit) on first use. Building them starts no
+worker pool either: the judge's workers start with the first batch it judges.
 
 A batch is judged by the EX judge's pool of worker processes (sqlrl/sql/judge.py), the same
 judge evaluation scores with; this module adapts it to TRL's reward-function signature.
@@ -17,6 +20,7 @@ judge evaluation scores with; this module adapts it to TRL's reward-function sig
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
@@ -24,7 +28,11 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from sqlrl.data.spider import load_schemas
 from sqlrl.errors import PipelineError
+from sqlrl.formats import get_format
+from sqlrl.formats.reasoning import reasoning_format_score
+from sqlrl.reward_names import REWARDS
 from sqlrl.sql.executor import ExecLimits
 from sqlrl.sql.extract import extract_sql
 from sqlrl.sql.judge import Item, Judgement, JudgePool
@@ -81,12 +89,20 @@ def _schema_repairer(schemas: dict, n: int, kwargs: dict):
 
 
 class _Rewards:
-    """The state shared by one pair of reward functions: the pool and running counts."""
+    """The state one run's reward functions share (what their builders get): the judge's
+    pool, how the SQL is read and repaired, the executable credit, and running counts."""
 
-    def __init__(self, pool: JudgePool, schemas: dict | None = None, extract=extract_sql):
+    def __init__(
+        self,
+        pool: JudgePool,
+        schemas: dict | None = None,
+        extract=extract_sql,
+        executable_credit: float = 0.0,
+    ):
         self.pool = pool
         self.schemas = schemas  # db_id -> Schema: reward the schema-repaired SQL
         self.extract = extract  # completion -> SQL, as the rollout format says
+        self.executable_credit = executable_credit
         self.last_without_sql = 0  # completions of the last batch with no SQL (no answer)
         self.stats: Counter = Counter()  # judgement statuses over all execution_reward calls
         self._warned: set[str] = set()
@@ -127,23 +143,20 @@ def _count(completions) -> int:
         return 0
 
 
-def make_rewards(
-    limits: ExecLimits | None = None,
-    workers: int | None = None,
-    keep_distinct: bool = False,
-    backend: str = "process",
-    schemas: dict | None = None,
-    executable_credit: float = 0.0,
-    extract=extract_sql,
-):
-    """(execution_reward, syntax_reward) sharing one judge pool; see the module docstring.
-    `extract(completion) -> SQL` reads the answer (the rollout format's extractor).
-    With `schemas` (db_id -> Schema), the SQL is schema-repaired before it is judged, using
-    the batch's db_id and question columns (grpo.schema_repair). `executable_credit` is the
-    execution reward of SQL that runs but returns the wrong result (Arctic-Text2SQL-R1: 0.1;
-    its range is checked where params load: grpo.executable_credit)."""
-    pool = JudgePool(limits, workers, keep_distinct, backend, shortcuts=True)
-    state = _Rewards(pool, schemas, extract)
+def _shares_the_pool(fn, state: _Rewards):
+    """`fn` with its state's pool and counts as attributes (closed, counted by grpo)."""
+    fn.pool = state.pool
+    fn.stats = state.stats
+    return fn
+
+
+# --------------------------------------------------------------------------- builders
+# One per name of sqlrl/reward_names.py's REWARDS: builder(state) -> the reward function.
+
+
+def build_execution_reward(state: _Rewards):
+    """`execution_reward`: the completion's SQL judged against the gold query."""
+    executable_credit = state.executable_credit
 
     def execution_reward(completions, db_path, gold_sql, **kwargs) -> list[float | None]:
         """1.0 if the completion's SQL returns the gold result, `executable_credit` if it
@@ -164,6 +177,12 @@ def make_rewards(
             for j in judgements
         ]
 
+    return _shares_the_pool(execution_reward, state)
+
+
+def build_syntax_reward(state: _Rewards):
+    """`syntax_reward`: whether the completion's SQL executes."""
+
     def syntax_reward(completions, db_path, gold_sql=None, **kwargs) -> list[float | None]:
         """1.0 if the completion's SQL executes (any result), 0.0 if not, None if the
         database is absent."""
@@ -175,10 +194,38 @@ def make_rewards(
             for j in judgements
         ]
 
-    for fn in (execution_reward, syntax_reward):
-        fn.pool = state.pool
-        fn.stats = state.stats
-    return execution_reward, syntax_reward
+    return _shares_the_pool(syntax_reward, state)
+
+
+def format_reward(completions, **kwargs) -> list[float]:
+    """1.0 for a completion shaped as the reasoning rollout asks (<think>...</think> then
+    <answer>...</answer> and nothing after), else 0.0; it reads no database."""
+    return [reasoning_format_score(c) for c in completions]
+
+
+def build_format_reward(state: _Rewards):
+    """`format_reward`: it judges nothing, so it is the same function for every run."""
+    return format_reward
+
+
+def make_rewards(
+    limits: ExecLimits | None = None,
+    workers: int | None = None,
+    keep_distinct: bool = False,
+    backend: str = "process",
+    schemas: dict | None = None,
+    executable_credit: float = 0.0,
+    extract=extract_sql,
+):
+    """(execution_reward, syntax_reward) sharing one judge pool; see the module docstring.
+    `extract(completion) -> SQL` reads the answer (the rollout format's extractor).
+    With `schemas` (db_id -> Schema), the SQL is schema-repaired before it is judged, using
+    the batch's db_id and question columns (grpo.schema_repair). `executable_credit` is the
+    execution reward of SQL that runs but returns the wrong result (Arctic-Text2SQL-R1: 0.1;
+    its range is checked where params load: grpo.executable_credit)."""
+    pool = JudgePool(limits, workers, keep_distinct, backend, shortcuts=True)
+    state = _Rewards(pool, schemas, extract, executable_credit)
+    return build_execution_reward(state), build_syntax_reward(state)
 
 
 def make_execution_reward(
@@ -191,19 +238,20 @@ def make_execution_reward(
     return make_rewards(limits, workers, keep_distinct, backend)[0]
 
 
-def format_reward(completions, **kwargs) -> list[float]:
-    """1.0 for a completion shaped as the reasoning rollout asks (<think>...</think> then
-    <answer>...</answer> and nothing after), else 0.0; it reads no database."""
-    from sqlrl.formats.reasoning import reasoning_format_score
+@functools.cache
+def _defaults() -> dict:
+    """The registry at default settings (5 s limit, one pool started on first use), built on
+    first use: the module-level `execution_reward`/`syntax_reward` and `resolve_reward`'s."""
+    state = _Rewards(JudgePool(shortcuts=True))
+    return {name: _imported(path)(state) for name, path in REWARDS.items()}
 
-    return [reasoning_format_score(c) for c in completions]
 
-
-# Module-level defaults (5 s limit, one pool started on first use), for TRL and scripts.
-execution_reward, syntax_reward = make_rewards()
-# The registry: a reward's name in grpo.reward_weights -> the function. `reward_registry`
-# builds the same names configured by params.
-REWARDS = {"execution": execution_reward, "syntax": syntax_reward, "format": format_reward}
+def __getattr__(name: str):
+    """`execution_reward` and `syntax_reward` at default settings, for TRL and scripts
+    (docs/sandbox.md), built when first asked for rather than when the module is imported."""
+    if name in ("execution_reward", "syntax_reward"):
+        return _defaults()[name.removesuffix("_reward")]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class RewardError(PipelineError, ValueError):
@@ -213,7 +261,7 @@ class RewardError(PipelineError, ValueError):
 def resolve_reward(name: str, registry: dict | None = None):
     """The reward called `name`: a registry name, or `package.module:function` imported from
     the Python path (a user's own reward, called as TRL calls every reward function)."""
-    registry = REWARDS if registry is None else registry
+    registry = _defaults() if registry is None else registry
     if name in registry:
         return registry[name]
     module_name, sep, attribute = name.partition(":")
@@ -222,15 +270,22 @@ def resolve_reward(name: str, registry: dict | None = None):
             f"grpo.reward_weights: unknown reward {name!r}: one of {', '.join(registry)}, "
             "or package.module:function"
         )
+    return _imported(name)
+
+
+def _imported(path: str):
+    """The function at `package.module:function`: a user's reward, or a registry entry's
+    builder (sqlrl/reward_names.py names this module's)."""
+    module_name, _, attribute = path.partition(":")
     try:
         fn = getattr(importlib.import_module(module_name), attribute)
     except Exception as exc:  # ImportError, AttributeError, or the module's own failure
         raise RewardError(
-            f"grpo.reward_weights: cannot import reward {name!r}: {type(exc).__name__}: {exc}"
+            f"grpo.reward_weights: cannot import reward {path!r}: {type(exc).__name__}: {exc}"
         ) from None
     if not callable(fn):
         raise RewardError(
-            f"grpo.reward_weights: reward {name!r} is a {type(fn).__name__}, not a function"
+            f"grpo.reward_weights: reward {path!r} is a {type(fn).__name__}, not a function"
         )
     return fn
 
@@ -241,17 +296,14 @@ def reward_registry(params, spider_dir: str | Path, rollout: str | None = None) 
     params.rollout: the pass-rate filter of an agent run samples without tools). The same in
     prompt selection and in training, so a prompt's pass rate is measured by the reward it
     is trained on. Schema repair reads the schemas from spider_dir/tables.json."""
-    from sqlrl.data.spider import load_schemas
-    from sqlrl.formats import get_format
-
     schemas = load_schemas(Path(spider_dir) / "tables.json") if params.schema_repair else None
-    execution, syntax = make_rewards(
-        ExecLimits(timeout_s=params.reward_timeout_s),
-        schemas=schemas,
-        executable_credit=params.executable_credit,
-        extract=get_format(rollout or params.rollout).extract,
+    state = _Rewards(
+        JudgePool(ExecLimits(timeout_s=params.reward_timeout_s), shortcuts=True),
+        schemas,
+        get_format(rollout or params.rollout).extract,
+        params.executable_credit,
     )
-    return {"execution": execution, "syntax": syntax, "format": format_reward}
+    return {name: _imported(path)(state) for name, path in REWARDS.items()}
 
 
 def reward_functions(params, spider_dir: str | Path) -> list:

@@ -7,7 +7,7 @@ import logging
 
 from fastapi import FastAPI, Request
 
-from sqlrl.prompt_builder import InputError
+from sqlrl.request_input import InputError
 from sqlrl.serve.http import KeyGuard, guarded, json_body_schema, parse_body, unless_disconnected
 from sqlrl.serve.http_errors import (
     HTTPError,

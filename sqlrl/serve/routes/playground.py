@@ -29,7 +29,7 @@ from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel, ConfigDict
 
 from sqlrl.feedback import FeedbackStore, Judgement, verified_sql
-from sqlrl.prompt_builder import InputError
+from sqlrl.request_input import InputError
 from sqlrl.serve.http import guarded, json_body_schema, parse_body
 from sqlrl.serve.http_errors import HTTPError, check_text
 from sqlrl.serve.service import Service

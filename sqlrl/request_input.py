@@ -1,11 +1,14 @@
-"""Prompts for a trained model, built exactly as training built them (sqlrl.data.prompts + the
-prompt settings saved with the model, sqlrl_prompt.json): what the server and the Python API
-(`TextToSQL`) send, so the Python API needs nothing of the HTTP package.
+"""A request's input, checked: what the server and the Python API (`TextToSQL`) must resolve
+before a prompt can be built, so the Python API needs nothing of the HTTP package. The prompt
+itself is built by sqlrl/data/prompts.py, the one prompt builder (the class that wrote the
+training prompts, with the prompt settings saved with the model, sqlrl_prompt.json); this
+module only says which schema a request names and why it cannot be used (`InputError`, with
+the HTTP status to answer with).
 
 Three ways a request names its schema:
 - `schema_str`: schema text already serialised by the caller; used as it is.
-- `db_id`: a database of the server's Spider directory; the schema comes from tables.json and
-  is serialised by `sqlrl.data.prompts.PromptFactory`, the class that wrote the training prompts.
+- `db_id`: a database of the server's Spider directory (checked: a known name, its file
+  present where the prompt reads sample rows); the schema comes from tables.json.
 - `ddl`: CREATE TABLE statements, parsed with sqlglot into `sqlrl.data.spider.Schema` and
   serialised in the configured format, so a compact-format model sees `table | col, col | ...`
   as trained.
@@ -24,7 +27,17 @@ from dataclasses import asdict
 from pathlib import Path
 
 from sqlrl.data.prompt_settings import PromptSettings
-from sqlrl.data.spider import Column, ForeignKey, Schema, Table
+from sqlrl.data.prompts import PromptFactory
+from sqlrl.data.spider import (
+    Column,
+    ForeignKey,
+    Schema,
+    SpiderDataError,
+    Table,
+    database_path,
+    load_schemas,
+)
+from sqlrl.formats import get_format
 
 log = logging.getLogger("sqlrl.serve")
 DB_ID_PATTERN = re.compile(r"[A-Za-z0-9_]{1,128}")
@@ -159,8 +172,10 @@ def schema_from_ddl(ddl: str, db_id: str = "ddl") -> Schema:
 # --------------------------------------------------------------------------- prompts
 
 
-class PromptBuilder:
-    """Chat messages for a request, the way `sqlrl.data.prepare` made the training prompts."""
+class RequestInput:
+    """A request's schema source checked against the Spider folder's databases, and its chat
+    messages from the one prompt builder (`PromptFactory`), as prepare made the training
+    prompts."""
 
     def __init__(
         self, settings: PromptSettings, spider_dir: str | Path | None, local: bool = False
@@ -168,8 +183,6 @@ class PromptBuilder:
         """local: errors are for the person who runs it (the Python API): they name the Spider
         folder and what is wrong with it. Otherwise (the server) they name no path: a client
         should not learn the server's files, and the detail goes to the server's log."""
-        from sqlrl.data.spider import SpiderDataError, load_schemas
-
         self.settings = settings
         self.spider_dir = Path(spider_dir) if spider_dir else None
         self.schemas: dict[str, Schema] = {}
@@ -198,14 +211,10 @@ class PromptBuilder:
                     if local
                     else ("the server's Spider directory is unusable (see its log)")
                 )
-        from sqlrl.data.prompts import PromptFactory
-
         self._factory = PromptFactory(settings, self.schemas, self.spider_dir)
 
     # ------------------------------------------------------------------ databases
     def db_path(self, db_id: str) -> Path:
-        from sqlrl.data.spider import database_path
-
         return database_path(self.spider_dir, db_id)
 
     def check_db_id(self, db_id: str, need_file: bool) -> Path:
@@ -283,32 +292,19 @@ class PromptBuilder:
         db_id: str | None = None,
         ddl: str | None = None,
     ) -> list[dict]:
-        """The request's chat messages, with the system prompt of the model's answer format
-        (its Format's `prompt`, as training built its prompts)."""
-        from sqlrl.formats import get_format
-
-        messages = self._messages(question, schema_str=schema_str, db_id=db_id, ddl=ddl)
-        return get_format(self.settings.rollout).prompt(messages)
-
-    def _messages(
-        self,
-        question: str,
-        *,
-        schema_str: str | None = None,
-        db_id: str | None = None,
-        ddl: str | None = None,
-    ) -> list[dict]:
-        from sqlrl.data.prompts import build_messages
-
+        """The request's chat messages from the one prompt builder, with the system prompt of
+        the model's answer format (its Format's `prompt`, as training built its prompts)."""
         s = self.settings
         try:
             if db_id is not None:
                 self.check_db_id(db_id, need_file=s.sample_rows > 0 and s.schema_format == "ddl")
-                return self._factory.messages(db_id, question)
-            if ddl is not None:
-                return self._factory.messages_for_schema(schema_from_ddl(ddl), question)
-            return build_messages(schema_str or "", question, s.system_prompt)
+                messages = self._factory.messages(db_id, question)
+            elif ddl is not None:
+                messages = self._factory.messages_for_schema(schema_from_ddl(ddl), question)
+            else:
+                messages = self._factory.messages_for_text(schema_str or "", question)
         except InputError:
             raise
-        except ValueError as exc:  # build_messages: empty question or schema
+        except ValueError as exc:  # the prompt builder's: empty question or schema
             raise InputError(str(exc)) from None
+        return get_format(s.rollout).prompt(messages)
