@@ -37,12 +37,10 @@ HAS_VLLM = importlib.util.find_spec("vllm") is not None  # the script runs on th
 
 @pytest.fixture(scope="module")
 def rehearsal():
-    """The script as a module, for what is checked without running it."""
-    spec = importlib.util.spec_from_file_location("gpu_rehearsal", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while defined
-    spec.loader.exec_module(module)
-    return module
+    """The package the script runs, for what is checked without running it."""
+    from sqlrl.gpu_rehearsal import cli
+
+    return cli
 
 
 def _script(*args: str, env: dict | None = None, ok: bool = True) -> subprocess.CompletedProcess:

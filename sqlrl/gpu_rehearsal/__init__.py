@@ -1,0 +1,1 @@
+"""The GPU rehearsal (scripts/gpu_rehearsal.py, docs/gpu-rehearsal.md)."""
