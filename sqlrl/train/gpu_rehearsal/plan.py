@@ -15,9 +15,9 @@ import sys
 import time
 from pathlib import Path
 
-from sqlrl.gpu_rehearsal.common import CALL_FILE, REPO, VERSIONS_FILE, folder_mib, log, sha256
-from sqlrl.gpu_rehearsal.versions import EXACT, PROVIDED, canonical, dependency_closure
 from sqlrl.jsonio import write_json
+from sqlrl.train.gpu_rehearsal.common import CALL_FILE, REPO, VERSIONS_FILE, folder_mib, log, sha256
+from sqlrl.train.gpu_rehearsal.versions import EXACT, PROVIDED, canonical, dependency_closure
 
 # One call of the device tool carries the working tree and the paths it names together, at most
 # this many MiB; a call's wheels (and the bundle, in the last call) get what the tree leaves,

@@ -53,12 +53,12 @@ import os
 import tempfile
 from pathlib import Path
 
-from sqlrl.gpu_rehearsal.bundle import make_bundle
-from sqlrl.gpu_rehearsal.colocate import vllm_phase
-from sqlrl.gpu_rehearsal.common import REPO, RESULT_FILE
-from sqlrl.gpu_rehearsal.install import install
-from sqlrl.gpu_rehearsal.plan import CARRY_LIMIT_MIB, SITE
-from sqlrl.gpu_rehearsal.run import RunOptions, preflight, run
+from sqlrl.train.gpu_rehearsal.bundle import make_bundle
+from sqlrl.train.gpu_rehearsal.colocate import vllm_phase
+from sqlrl.train.gpu_rehearsal.common import REPO, RESULT_FILE
+from sqlrl.train.gpu_rehearsal.install import install
+from sqlrl.train.gpu_rehearsal.plan import CARRY_LIMIT_MIB, SITE
+from sqlrl.train.gpu_rehearsal.run import RunOptions, preflight, run
 
 
 def output_dir(requested: Path | None, environ=os.environ) -> Path:

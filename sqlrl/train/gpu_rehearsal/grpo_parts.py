@@ -11,11 +11,11 @@ import statistics
 import time
 from pathlib import Path
 
-from sqlrl.gpu_rehearsal.common import quantiles
-from sqlrl.gpu_rehearsal.device import cuda_sync
-from sqlrl.gpu_rehearsal.grpo import grpo_params
-from sqlrl.gpu_rehearsal.model import ENDOFTEXT_ID
-from sqlrl.gpu_rehearsal.rows import grpo_rows
+from sqlrl.train.gpu_rehearsal.common import quantiles
+from sqlrl.train.gpu_rehearsal.device import cuda_sync
+from sqlrl.train.gpu_rehearsal.grpo import grpo_params
+from sqlrl.train.gpu_rehearsal.model import ENDOFTEXT_ID
+from sqlrl.train.gpu_rehearsal.rows import grpo_rows
 
 
 def step_sequences(tokenizer, rows: list[dict], grpo, seed: int, device):

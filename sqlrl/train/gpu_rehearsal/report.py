@@ -8,8 +8,8 @@ import math
 import traceback
 from pathlib import Path
 
-from sqlrl.gpu_rehearsal.common import log
 from sqlrl.jsonio import write_json
+from sqlrl.train.gpu_rehearsal.common import log
 
 
 def json_safe(value):

@@ -9,7 +9,7 @@ import statistics
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "scripts" / "gpu_rehearsal.py"  # the entry point; the vLLM phases' processes
 
 PROFILE = "qwen2.5-coder-3b"  # the SFT and transformers-rollout phases' profile

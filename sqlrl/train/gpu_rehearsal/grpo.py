@@ -8,7 +8,7 @@ import dataclasses
 import time
 from pathlib import Path
 
-from sqlrl.gpu_rehearsal.rows import grpo_rows
+from sqlrl.train.gpu_rehearsal.rows import grpo_rows
 
 # --tiny, on a CPU: every token of a 2-layer model still meets Qwen's 152k-word output layer,
 # which dominates a CPU step; tiny steps keep the plumbing exercised in seconds. GRPO: 8

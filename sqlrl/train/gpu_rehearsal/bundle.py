@@ -12,7 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from sqlrl.gpu_rehearsal.common import (
+from sqlrl.jsonio import read_jsonl, write_json, write_jsonl
+from sqlrl.train.gpu_rehearsal.common import (
     PROFILE,
     REPO,
     SFT_KEYS,
@@ -22,7 +23,7 @@ from sqlrl.gpu_rehearsal.common import (
     log,
     quantiles,
 )
-from sqlrl.gpu_rehearsal.plan import (
+from sqlrl.train.gpu_rehearsal.plan import (
     HEADROOM_MIB,
     WHEEL_PLATFORMS,
     choose_calls,
@@ -32,14 +33,14 @@ from sqlrl.gpu_rehearsal.plan import (
     tree_mib,
     write_calls,
 )
-from sqlrl.gpu_rehearsal.rows import (
+from sqlrl.train.gpu_rehearsal.rows import (
     copy_databases,
     grpo_selection,
     longest,
     random_rows,
     token_lengths,
 )
-from sqlrl.gpu_rehearsal.versions import (
+from sqlrl.train.gpu_rehearsal.versions import (
     PROVIDED,
     RUN_DISTRIBUTIONS,
     check_pins_installed,
@@ -48,7 +49,6 @@ from sqlrl.gpu_rehearsal.versions import (
     marker_environment,
     requirement_pins,
 )
-from sqlrl.jsonio import read_jsonl, write_json, write_jsonl
 
 
 def prepared_reference(params) -> tuple[list[dict], list[dict], dict, Path]:

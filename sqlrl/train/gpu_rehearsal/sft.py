@@ -8,9 +8,9 @@ import dataclasses
 import time
 from pathlib import Path
 
-from sqlrl.gpu_rehearsal.common import SFT_KEYS
-from sqlrl.gpu_rehearsal.device import cuda_sync
 from sqlrl.jsonio import read_jsonl
+from sqlrl.train.gpu_rehearsal.common import SFT_KEYS
+from sqlrl.train.gpu_rehearsal.device import cuda_sync
 
 # --tiny, on a CPU: every token of a 2-layer model still meets Qwen's 152k-word output layer,
 # which dominates a CPU step; tiny steps keep the plumbing exercised in seconds. SFT: one row a

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.metadata
 from pathlib import Path
 
-from sqlrl.gpu_rehearsal.common import REPO
+from sqlrl.train.gpu_rehearsal.common import REPO
 
 # What the run imports directly (this package, sqlrl's training path, the reward); the bundle
 # follows their declared requirements from here.

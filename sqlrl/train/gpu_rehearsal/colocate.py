@@ -16,13 +16,13 @@ import time
 import traceback
 from pathlib import Path
 
-from sqlrl.gpu_rehearsal.budget import Budget
-from sqlrl.gpu_rehearsal.common import SCRIPT
-from sqlrl.gpu_rehearsal.device import cap_memory, cuda_sync, peak_memory, process_memory
-from sqlrl.gpu_rehearsal.grpo import NO_EOS_NOTE, TINY_GRPO
-from sqlrl.gpu_rehearsal.report import json_safe
-from sqlrl.gpu_rehearsal.rows import grpo_rows
 from sqlrl.jsonio import read_json, write_json
+from sqlrl.train.gpu_rehearsal.budget import Budget
+from sqlrl.train.gpu_rehearsal.common import SCRIPT
+from sqlrl.train.gpu_rehearsal.device import cap_memory, cuda_sync, peak_memory, process_memory
+from sqlrl.train.gpu_rehearsal.grpo import NO_EOS_NOTE, TINY_GRPO
+from sqlrl.train.gpu_rehearsal.report import json_safe
+from sqlrl.train.gpu_rehearsal.rows import grpo_rows
 
 # vLLM is never carried: its CUDA wheel for x86-64 (vllm-0.32.0-cp38-abi3-manylinux_2_28_x86_64,
 # requirements-gpu.txt's, 311.4 MiB on PyPI) is five times what a call carries, and its METADATA
@@ -68,55 +68,62 @@ class VllmClock:
     VLLMGeneration, whose instance train_grpo's trainer builds inside): the engine's start
     (`_init_vllm`: LLM(...) with the weights, memory profiling, KV cache, compilation), each
     weight sync (`sync_weights`: merge the LoRA, load every weight into the engine, unmerge)
-    and each generation call with the tokens it returned. A step starts with its sync, so
-    calls after the second sync are past the first step's one-time costs."""
+    and each generation call with the tokens it returned (sqlrl.patches.vllm_generation_wrapped
+    wraps them for the block). A step starts with its sync, so calls after the second sync are
+    past the first step's one-time costs."""
 
     def __enter__(self):
-        from trl.generation.vllm_generation import VLLMGeneration
+        from sqlrl.patches import vllm_generation_wrapped
 
         self.engine, self.syncs, self.calls = {}, [], []
-        self._own = {
-            n: getattr(VLLMGeneration, n) for n in ("_init_vllm", "sync_weights", "generate")
-        }
-        clock, own = self, self._own
+        clock = self
 
-        def init(generation):
-            start = time.perf_counter()
-            own["_init_vllm"](generation)
-            clock.engine["start_seconds"] = round(time.perf_counter() - start, 2)
-            if generation.mode == "colocate":
-                clock.engine.update(engine_info(generation.llm))
+        def init(own):
+            def timed(generation):
+                start = time.perf_counter()
+                own(generation)
+                clock.engine["start_seconds"] = round(time.perf_counter() - start, 2)
+                if generation.mode == "colocate":
+                    clock.engine.update(engine_info(generation.llm))
 
-        def sync(generation):
-            cuda_sync()
-            start = time.perf_counter()
-            own["sync_weights"](generation)
-            cuda_sync()
-            clock.syncs.append(time.perf_counter() - start)
+            return timed
 
-        def generate(generation, prompts, *args, **kwargs):
-            start = time.perf_counter()
-            out = own["generate"](generation, prompts, *args, **kwargs)
-            completions = out[1]
-            clock.calls.append(
-                {
-                    "step": len(clock.syncs),
-                    "seconds": time.perf_counter() - start,
-                    "sequences": len(completions),
-                    "prompt_tokens": sum(map(len, prompts)),
-                    "output_tokens": sum(map(len, completions)),
-                }
-            )
-            return out
+        def sync(own):
+            def timed(generation):
+                cuda_sync()
+                start = time.perf_counter()
+                own(generation)
+                cuda_sync()
+                clock.syncs.append(time.perf_counter() - start)
 
-        self._cls = VLLMGeneration
-        VLLMGeneration._init_vllm, VLLMGeneration.sync_weights = init, sync
-        VLLMGeneration.generate = generate
+            return timed
+
+        def generate(own):
+            def timed(generation, prompts, *args, **kwargs):
+                start = time.perf_counter()
+                out = own(generation, prompts, *args, **kwargs)
+                completions = out[1]
+                clock.calls.append(
+                    {
+                        "step": len(clock.syncs),
+                        "seconds": time.perf_counter() - start,
+                        "sequences": len(completions),
+                        "prompt_tokens": sum(map(len, prompts)),
+                        "output_tokens": sum(map(len, completions)),
+                    }
+                )
+                return out
+
+            return timed
+
+        self._wrapped = vllm_generation_wrapped(
+            {"_init_vllm": init, "sync_weights": sync, "generate": generate}
+        )
+        self._wrapped.__enter__()
         return self
 
     def __exit__(self, *exc_info):
-        for name, method in self._own.items():
-            setattr(self._cls, name, method)
+        return self._wrapped.__exit__(*exc_info)
 
     def summary(self) -> dict:
         """Sync seconds and generation tokens/s: the mean over the steps after the first where

@@ -12,9 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sqlrl.gpu_rehearsal.common import CALL_FILE, VERSIONS_FILE, log, sha256
-from sqlrl.gpu_rehearsal.versions import canonical, installed_version, version_problems
 from sqlrl.jsonio import read_json, write_json
+from sqlrl.train.gpu_rehearsal.common import CALL_FILE, VERSIONS_FILE, log, sha256
+from sqlrl.train.gpu_rehearsal.versions import canonical, installed_version, version_problems
 
 
 def install_reason(name: str, want: dict | None, find=None) -> str | None:
