@@ -159,7 +159,7 @@ def test_attach_and_vacuum_into_create_no_file_anywhere(db, tmp_path, monkeypatc
 )
 def test_runaway_queries_are_stopped_by_the_time_limit(db, sql):
     """A query that never ends is a timeout verdict (how far past the limit it runs:
-    tests/benchmarks/bench_sandbox.py)."""
+    benchmarks/bench_sandbox.py)."""
     executor = SQLExecutor(ExecLimits(timeout_s=0.5))
     verdict = executor.execute(db, sql)
     # a sort in memory may fill SQLite's heap limit before the deadline: an error, as soon
@@ -281,7 +281,7 @@ MANY_CALLS = {
 @pytest.mark.parametrize("name", ONE_SLOW_CALL)
 def test_a_call_sqlite_would_run_for_seconds_gives_sqlites_answer(db, name):
     """The guard answers what SQLite's own built-in would (NULL over the length limit)
-    without its loop; how long such a query takes: tests/benchmarks/bench_sandbox.py."""
+    without its loop; how long such a query takes: benchmarks/bench_sandbox.py."""
     sql, expected = ONE_SLOW_CALL[name]
     verdict = SQLExecutor(ExecLimits(timeout_s=1.0)).execute(db, sql)
     if isinstance(expected, str):

@@ -20,7 +20,7 @@ def dev_gold(spider_dir):
 @pytest.fixture(scope="module")
 def gold_vs_gold(spider_dir, dev_gold):
     """All 1034 dev gold queries scored against themselves (how long that takes:
-    tests/benchmarks/bench_reward.py)."""
+    benchmarks/bench_reward.py)."""
     return score_predictions(
         dev_gold,
         [sql for sql, _ in dev_gold],

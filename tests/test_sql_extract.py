@@ -123,7 +123,7 @@ MEGABYTES = {
 def test_megabyte_inputs_are_cut_at_a_bounded_number_of_places(name, monkeypatch):
     """A cut at a `;` asks SQLite whether the statement before it is complete, which reads all
     of it: asked at every `;` of a megabyte, extraction is quadratic. It is asked at a bounded
-    number of them (timings: tests/benchmarks/bench_extract.py)."""
+    number of them (timings: benchmarks/bench_extract.py)."""
     import sqlrl.sql.extract
 
     text, expected = MEGABYTES[name]

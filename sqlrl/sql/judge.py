@@ -5,7 +5,7 @@ its own read-only connections and gold cache. Identical (database, gold, predict
 a batch are judged once, and items are handed out grouped by database so connections and gold
 results are reused. Processes, not threads: SQLite releases the GIL while stepping, but the
 time-limit handler and fetching and comparing rows are Python, so threads contend (see
-tests/benchmarks/bench_reward.py). Evaluation, scoring and the GRPO reward all judge here.
+benchmarks/bench_reward.py). Evaluation, scoring and the GRPO reward all judge here.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The share of an SFT batch that is padding, for a profile's real prepared rows, with and
 without grouping rows by length (sft.group_by_length).
 
-    python tests/benchmarks/bench_sft_padding.py [--profile qwen2.5-coder-3b] [--epochs 3]
+    python benchmarks/bench_sft_padding.py [--profile qwen2.5-coder-3b] [--epochs 3]
 
 Prepares Spider as the prepare stage does for the profile (into a scratch folder; data/prepared
 is left alone), measures every SFT row in the profile's tokens (Qwen2.5's real tokenizer for a
@@ -20,7 +20,7 @@ import tempfile
 from contextlib import chdir
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from sqlrl.jsonio import read_jsonl  # noqa: E402

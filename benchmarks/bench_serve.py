@@ -1,6 +1,6 @@
 """Benchmark the HTTP service: requests/s and latency percentiles under concurrent load.
 
-    .venv/bin/python tests/benchmarks/bench_serve.py [--model models/final] [--requests 64]
+    .venv/bin/python benchmarks/bench_serve.py [--model models/final] [--requests 64]
         [--concurrency 32] [--execute] [--max-new-tokens N] [--default-profile-model]
 
 Starts `python -m sqlrl.serve` as a subprocess on 127.0.0.1 (a free port), waits for
@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 

@@ -1,6 +1,6 @@
 """Time extract_sql on megabytes of one repeated token, at two sizes: is it linear?
 
-    python tests/benchmarks/bench_extract.py [--size 1000000] [--repeats 3]
+    python benchmarks/bench_extract.py [--size 1000000] [--repeats 3]
 
 A runaway generation can fill its whole budget with one token; extraction must stay linear
 in the text. Each shape of tests/test_sql_extract.py's MEGABYTES is timed at about `size`
@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root
 
 from sqlrl.sql.extract import extract_sql  # noqa: E402
 

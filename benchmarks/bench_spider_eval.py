@@ -1,6 +1,6 @@
 """Benchmark exact match (EM) scoring: every Spider dev gold query against a reordered copy.
 
-    python tests/benchmarks/bench_spider_eval.py
+    python benchmarks/bench_spider_eval.py
 
 Evaluation scores EM on every prediction; this times the parse + compare of all 1034 dev
 pairs from a cold parse cache (a few seconds on a 2-core CPU when this was written).
@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sqlrl.eval.spider_eval import exact_match  # noqa: E402

@@ -1,7 +1,7 @@
 """Check that a change to the sandbox leaves every real query's verdict as it was.
 
-    python tests/benchmarks/check_verdicts.py save before.pkl     # on the old code
-    python tests/benchmarks/check_verdicts.py compare before.pkl  # on the new code
+    python benchmarks/check_verdicts.py save before.pkl     # on the old code
+    python benchmarks/check_verdicts.py compare before.pkl  # on the new code
 
 The queries: every Spider gold query (train_spider, train_others, dev) and every model query
 in data/predictions/*.jsonl (the scored prediction, the raw output's extracted SQL and the SQL
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from sqlrl.sql.executor import ExecLimits, SQLExecutor  # noqa: E402

@@ -1,6 +1,6 @@
 """Hostile SQL against the sandbox: wall time against the limit, and peak memory.
 
-    python tests/benchmarks/bench_sandbox.py [--timeout 1] [--only NAME]
+    python benchmarks/bench_sandbox.py [--timeout 1] [--only NAME]
 
 Each query of ADVERSARIAL runs in a fresh process (so peak memory is its own) on
 concert_singer, with `--timeout` as the limit; the table shows the verdict, the wall time of
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 DB = ROOT / "data/raw/spider/database/concert_singer/concert_singer.sqlite"
 
 

@@ -1,7 +1,7 @@
 """What the agent's tool turns cost in Qwen2.5 tokens: the numbers grpo.max_completion_length,
 grpo.agent.max_chars and grpo.vllm_max_model_length are sized from (docs/rollouts.md).
 
-    python tests/benchmarks/bench_agent_budget.py [--profile qwen2.5-coder-3b-agent]
+    python benchmarks/bench_agent_budget.py [--profile qwen2.5-coder-3b-agent]
         [--max-chars 2000 1200 ...] [--every 1]
 
 For each Spider train question (train_spider.json, every --every-th) whose gold names a table,
@@ -30,7 +30,7 @@ import math
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from sqlrl.data.prompts import build_messages, normalize_sql_whitespace  # noqa: E402

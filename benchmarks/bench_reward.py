@@ -1,6 +1,6 @@
 """Benchmark the execution reward on a GRPO-like batch, against a straightforward version.
 
-    python tests/benchmarks/bench_reward.py [--prompts 256] [--samples 8] [--workers N]
+    python benchmarks/bench_reward.py [--prompts 256] [--samples 8] [--workers N]
 
 The batch: `prompts` train questions (databases present) x `samples` completions, mixing the
 gold query (as written, fenced, or with a trailing `;`), perturbed queries (LIMIT, ORDER BY
@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root
 
 from sqlrl.data.rows import recorded_path  # noqa: E402
 from sqlrl.eval.score import read_gold, score_predictions  # noqa: E402

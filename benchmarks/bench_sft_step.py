@@ -2,9 +2,9 @@
 few steps, with the SFT params overridden as a run would be: what a setting such as
 sft.prompt_loss_sample saves in the stage that dominates the CPU default's DAG.
 
-    python tests/benchmarks/bench_sft_step.py [--rows 800] [-S sft.prompt_loss_sample=0.1]
-    farm-bench -n 3 --timeout 900 -- python tests/benchmarks/bench_sft_step.py -S ... \\
-        --vs "python tests/benchmarks/bench_sft_step.py"
+    python benchmarks/bench_sft_step.py [--rows 800] [-S sft.prompt_loss_sample=0.1]
+    farm-bench -n 3 --timeout 900 -- python benchmarks/bench_sft_step.py -S ... \\
+        --vs "python benchmarks/bench_sft_step.py"
 
 Reads models/base and data/prepared/sft.jsonl (run `dvc repro base` first), trains on the
 first --rows rows (one epoch, the profile's batch and length grouping) into a scratch folder,
@@ -21,7 +21,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from sqlrl.params import compose_params, params_from_dict  # noqa: E402

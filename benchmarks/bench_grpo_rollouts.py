@@ -2,7 +2,7 @@
 reasoning, agent), on the same prompts and settings, through the stage's own train_grpo and the
 evaluate stage's evaluate_model.
 
-    python tests/benchmarks/bench_grpo_rollouts.py [--model models/sft | --model sql=DIR
+    python benchmarks/bench_grpo_rollouts.py [--model models/sft | --model sql=DIR
         --model reasoning=DIR --model agent=DIR] [--profile smoke] [--steps 2]
         [--max-completion-length 128] [--rollouts sql reasoning agent] [--eval-questions 24]
         [-S grpo.num_generations=4 ...]
@@ -34,7 +34,7 @@ import tempfile
 from contextlib import chdir
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from sqlrl.jsonio import read_jsonl  # noqa: E402
