@@ -3,9 +3,9 @@
     python benchmarks/bench_extract.py [--size 1000000] [--repeats 3]
 
 A runaway generation can fill its whole budget with one token; extraction must stay linear
-in the text. Each shape of tests/test_sql_extract.py's MEGABYTES is timed at about `size`
+in the text. Each shape of tests/sql/test_extract.py's MEGABYTES is timed at about `size`
 characters and at twice that (best of `repeats`); the ratio is about 2 for linear work and 4
-for quadratic. tests/test_sql_extract.py checks the bounded number of cut points; this
+for quadratic. tests/sql/test_extract.py checks the bounded number of cut points; this
 measures the time (a few tenths of a second a megabyte on a 2-core CPU when this was written).
 """
 
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root
 
 from sqlrl.sql.extract import extract_sql  # noqa: E402
 
-# (repeated unit, tail): the shapes of tests/test_sql_extract.py's MEGABYTES
+# (repeated unit, tail): the shapes of tests/sql/test_extract.py's MEGABYTES
 SHAPES = {
     "semicolons": (";", ""),
     "blank lines": ("\n\n", ""),

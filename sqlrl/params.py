@@ -37,12 +37,12 @@ TOKENIZERS = ("trained", "trained-tools", "qwen2.5")
 VLLM_MODES = ("colocate", "server")
 # eval.sets' benchmark families: sqlrl.benchmarks' built-in names, declared here so that
 # params (read by every stage) does not make every stage depend on the benchmark code;
-# tests/test_benchmark_registry.py checks them against the registry
+# tests/benchmarks/test_registry.py checks them against the registry
 BENCHMARK_FORMATS = ("spider", "bird")
 SET_NAME = r"^[a-z][a-z0-9_]*$"  # a metrics section and a file name
 RESERVED_SET_NAMES = {"dev", "heldout", "generation"}
 # grpo.rollout's answer formats: sqlrl.formats' built-in names (declared here, so params stays
-# light; tests/test_formats.py checks them against the registry), and those whose rollouts
+# light; tests/formats/test_registry.py checks them against the registry), and those whose rollouts
 # call tools (their Format's `calls_tools`)
 ROLLOUTS = ("sql", "reasoning", "agent")
 TOOL_ROLLOUTS = ("agent",)

@@ -194,7 +194,8 @@ def per_turn_completion_budget(trainer):
     turn to what the episode has left: a turn that does not stop generated up to the whole
     budget again to keep a part of it. A turn is one call for its batch, so it asks the most any
     of its samples has left; TRL still trims each sample to its own, as before (tested through
-    the trainer: tests/test_grpo_agent.py on transformers, tests/test_agent_budget.py on vLLM).
+    the trainer: tests/train/test_grpo_agent.py on transformers, tests/train/test_agent_budget.py
+    on vLLM).
 
     Only where a call generates for this process's prompts alone (transformers, a colocated
     engine without tensor parallelism, one process): a shared engine generates for prompts

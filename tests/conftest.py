@@ -88,7 +88,7 @@ def make_smoke_repo(repo, profile: str = "smoke", overrides: tuple[str, ...] = (
 @pytest.fixture(scope="session")
 def smoke_repo(tmp_path_factory):
     """The smoke profile's whole pipeline, run once per session and shared by every test
-    that only reads a run (test_pipeline, test_versioning). A test that changes a file in it
+    that only reads a run (pipeline/test_smoke, test_versioning). A test that changes a file in it
     puts the file back; one that needs another run makes its own with make_smoke_repo and
     says why."""
     return make_smoke_repo(tmp_path_factory.mktemp("repo"))
@@ -97,7 +97,7 @@ def smoke_repo(tmp_path_factory):
 @pytest.fixture(scope="session")
 def rehearsal_repo(tmp_path_factory):
     """The reference profile rehearsed on a CPU (qwen-rehearsal), the whole DAG, once, shared
-    by test_rehearsal (another profile: it cannot be the smoke run)."""
+    by pipeline/test_rehearsal (another profile: it cannot be the smoke run)."""
     return make_smoke_repo(tmp_path_factory.mktemp("rehearsal"), profile="qwen-rehearsal")
 
 

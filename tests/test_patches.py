@@ -73,7 +73,7 @@ def test_vllm_cpu_keeps_linear_weights_is_a_no_op_without_vllm_or_a_cpu_build():
     import importlib.util
 
     if importlib.util.find_spec("vllm") is not None:
-        pytest.skip("vLLM is installed: tests/test_vllm_grpo.py runs the patch for real")
+        pytest.skip("vLLM is installed: tests/train/test_vllm_grpo.py runs the patch for real")
     with patches.vllm_cpu_keeps_linear_weights():
         pass
 

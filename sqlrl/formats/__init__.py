@@ -10,9 +10,9 @@ sqlrl_prompt.json's `rollout`; docs/rollouts.md), one module per format behind o
 Everything that depends on the format asks the format object found here by name
 (`get_format`): evaluation, TextToSQL, the server, prepare, grpo_prompts and grpo. A new
 format is a module with a `Format` subclass and its line below (or `register_format` at run
-time; tests/test_formats.py registers one of its own and evaluates with it). params.yaml's
+time; tests/formats/test_registry.py registers one of its own and evaluates with it). params.yaml's
 grpo.rollout accepts the built-in names (sqlrl.params.ROLLOUTS, checked against this registry
-by tests/test_formats.py); a model folder's, any registered one.
+by tests/formats/test_registry.py); a model folder's, any registered one.
 """
 
 from __future__ import annotations

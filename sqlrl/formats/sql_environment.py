@@ -140,7 +140,7 @@ def tool_schemas() -> list[dict]:
     agent rollout (every public function of the class but `reset` and `get_reward`, in name
     order, through transformers' get_json_schema): SFT rows in the agent format carry them, so
     SFT shows the model the tool list GRPO prompts with, byte for byte
-    (tests/test_trajectories.py renders both)."""
+    (tests/formats/test_trajectories.py renders both)."""
     import inspect
 
     from transformers.utils import get_json_schema

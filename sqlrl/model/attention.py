@@ -6,7 +6,7 @@ whole KV cache to one copy per query head (`repeat_kv`) at every decoding step. 
 profile's model (4 query heads over 2 KV heads) that copy was half of generation's time.
 torch's `scaled_dot_product_attention(..., enable_gqa=True)` takes the mask and the grouped
 heads as they are on a CPU, and computes the same numbers (greedy outputs are token for token
-the same; tests/test_attention.py).
+the same; tests/model/test_attention.py).
 
 The implementation is registered with transformers' public AttentionInterface and
 AttentionMaskInterface under GROUPED_SDPA (the mask is sdpa's boolean one), and

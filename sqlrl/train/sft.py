@@ -12,7 +12,7 @@
   it) and are trained with TRL's assistant_only_loss: its training variant of Qwen2.5's
   template marks the assistant's turns, so the tool's answer (and the turn markers around it)
   is never a target, as GRPO's tool_mask keeps it out of the RL loss. With the prompt trained
-  on, the prompt keeps prompt_loss_weight and the tool's answer weighs 0 (tests/test_sft.py).
+  on, the prompt keeps prompt_loss_weight and the tool's answer weighs 0 (tests/train/test_sft.py).
 - LoRA through PEFT (`sft.use_lora`; rank, alpha, dropout, target modules from params), merged
   into the weights with `merge_and_unload`, or full fine-tuning (the CPU profile: LoRA on random
   weights does not learn). Either way the output is a plain model folder.
@@ -136,7 +136,7 @@ def _weighted_loss_trainer_class():
         (on a CPU several times faster than TRL's fused head). The weighted sum is divided by
         the total weight of the optimizer step's batches on every process and scaled by the
         process count, as Trainer and TRL do with token counts: the same loss and gradients
-        as TRL's for any gradient accumulation and world size (weight 1: tests/test_sft.py).
+        as TRL's for any gradient accumulation and world size (weight 1: tests/train/test_sft.py).
         """
 
         def __init__(

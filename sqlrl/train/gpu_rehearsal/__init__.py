@@ -19,6 +19,6 @@ image's python3 before the project's packages are there (only the image's own, `
 among them), and the entry point imports the whole command line to parse it; so torch, trl,
 transformers, sqlglot, ... and the rest of sqlrl (but sqlrl.jsonio, and sqlrl/train's
 docstring-only __init__) are imported inside the functions that need them.
-tests/test_gpu_rehearsal.py imports every module with `python -I -S` (no site-packages) to keep
-it so.
+tests/train/test_gpu_rehearsal.py imports every module with `python -I -S` (no site-packages)
+to keep it so.
 """

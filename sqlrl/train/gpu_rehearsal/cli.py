@@ -36,7 +36,7 @@ commands, what the GPU machine must provide, how to read gpu_rehearsal.json). Co
   the reason, where vLLM is not installed), then GRPO steps rolling out with transformers. DIR
   (default $OUT where it is set) gets gpu_rehearsal.json, rewritten after every phase, so a run
   cut short still returns what it measured; the run keeps to --budget-s seconds of wall clock.
-  --tiny: a 2-layer model and small steps on the CPU (what tests/test_gpu_rehearsal.py runs,
+  --tiny: a 2-layer model and small steps on the CPU (what tests/train/test_gpu_rehearsal.py runs,
   with vLLM's CPU build in `pytest -m vllm`).
 
   check: the version check and imports alone (seconds).

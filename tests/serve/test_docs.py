@@ -11,8 +11,8 @@ import pytest
 from selenium.webdriver.common.by import By
 
 from sqlrl.serve import create_app
+from tests.serve.test_playground import browser, wait_for  # noqa: F401  (browser: a fixture)
 from tests.serve_helpers import SETTINGS, serve_config, serving, trained_model
-from tests.test_serve_playground import browser, wait_for  # noqa: F401  (browser: a fixture)
 
 
 @pytest.fixture(scope="module")

@@ -67,7 +67,7 @@ def distinct_characters(completions, **kwargs) -> list[float]:
     return [len(set(str(c))) / 100 for c in completions]
 
 
-DISTINCT = {"tests.test_vllm_grpo:distinct_characters": 1.0}  # a reward of one's own, by name
+DISTINCT = {"tests.train.test_vllm_grpo:distinct_characters": 1.0}  # a reward of one's own, by name
 
 
 def vllm_params(rollout: str = "sql", **changes):

@@ -8,7 +8,7 @@ or the schema it was about changes or an ask fails, notices go when the SQL is e
 correction that does not run is refused with its error, the earlier verdict kept.
 
 Skipped only where no browser is installed (`.ci/run` installs chromium and chromium-driver).
-`SQLRL_PLAYGROUND_SCREENSHOT=docs/playground.png pytest tests/test_serve_playground.py`
+`SQLRL_PLAYGROUND_SCREENSHOT=docs/playground.png pytest tests/serve/test_playground.py`
 also saves the screenshot the README shows.
 """
 

@@ -17,8 +17,8 @@ from sqlrl.eval.evaluate import evaluate_model
 from sqlrl.formats import FORMATS, Format, get_format, register_format, unregister_format
 from sqlrl.params import ROLLOUTS, TOOL_ROLLOUTS
 from sqlrl.sql.extract import extract_sql
+from tests.formats.test_agent_inference import eval_params, singer_rows  # noqa: F401  (a fixture)
 from tests.repo_tools import REPO_ROOT, fixed_params
-from tests.test_agent_inference import eval_params, singer_rows  # noqa: F401  (a fixture)
 
 BUILT_IN = tuple(FORMATS)  # before any test registers its own
 

@@ -12,7 +12,7 @@ import pytest
 from sqlrl.data.prepare import prepare
 from sqlrl.data.spider import SpiderDataError
 from sqlrl.params import ParamsError, compose_params, params_from_dict
-from tests.test_prepare import mini_root  # noqa: F401  (a fixture)
+from tests.data.test_prepare import mini_root  # noqa: F401  (a fixture)
 
 TAUGHT = "How many singers are there in the taught file?"
 

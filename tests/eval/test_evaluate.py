@@ -19,8 +19,8 @@ from sqlrl.data.prompt_settings import PromptSettings
 from sqlrl.eval.evaluate import evaluate_model, evaluate_split
 from sqlrl.jsonio import read_json, read_jsonl
 from sqlrl.params import EvalParams, params_from_dict
+from tests.model.test_generate import tiny  # noqa: F401  (the tiny-model fixture)
 from tests.repo_tools import REPO_ROOT, fixed_params_dict
-from tests.test_generate import tiny  # noqa: F401  (the tiny-model fixture)
 
 RAW_DIR = REPO_ROOT / "data" / "raw"
 

@@ -22,8 +22,8 @@ from sqlrl.serve.cli import for_bind_address
 from sqlrl.serve.config import ServeConfig
 from sqlrl.serve.trust import PAGE_TOKEN_HEADER, PageTokens, host_name, key_id
 from tests.repo_tools import REPO_ROOT, SPIDER_DIR
+from tests.serve.test_playground import browser, wait_for  # noqa: F401  (browser: a fixture)
 from tests.serve_helpers import COUNT_SQL, PAIRS, page_token, server_process, trained_model
-from tests.test_serve_playground import browser, wait_for  # noqa: F401  (browser: a fixture)
 
 DB = "concert_singer"
 POISON = {

@@ -8,7 +8,6 @@ import os
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -25,7 +24,7 @@ from sqlrl.data.augment import (
 )
 from sqlrl.data.prepare import prepare
 from sqlrl.data.spider import Column, Schema, Table, load_schemas
-from tests.repo_tools import fixed_params
+from tests.repo_tools import REPO_ROOT, fixed_params
 
 SCHEMA = Schema(
     "d",
@@ -194,7 +193,7 @@ def test_augmented_rows_do_not_depend_on_the_hash_seed(tmp_path, spider_dir):
             [sys.executable, "-c", code, str(root)],
             check=True,
             env=env,
-            cwd=Path(__file__).resolve().parents[1],
+            cwd=REPO_ROOT,
         )
         outputs.append((root / "data/prepared/sft.jsonl").read_bytes())
     assert outputs[0] == outputs[1]

@@ -13,9 +13,9 @@ import sys
 import pytest
 
 from sqlrl.params import ParamsError
+from tests.benchmarks.test_sets import _tables_entry  # BIRD's tables file has Spider's shape
+from tests.data.test_prepare import mini_root  # noqa: F401  (a fixture)
 from tests.repo_tools import REPO_ROOT, fixed_params, write_fixed_params
-from tests.test_benchmarks import _tables_entry  # BIRD's tables file has Spider's shape
-from tests.test_prepare import mini_root  # noqa: F401  (a fixture)
 
 # BIRD's train release in miniature, in its exact layout and keys: train.json,
 # train_tables.json, train_databases/<db>/<db>.sqlite (+ database_description/)

@@ -2,7 +2,7 @@
 loop (sqlrl/serve/inference.py) and return the trace next to the answer.
 
 Real: Qwen2.5's tokenizer and template, TRL's parser, the server's batching backend, Spider's
-concert_singer, the sandbox. Scripted: the model's turns (tests/test_agent_inference.py).
+concert_singer, the sandbox. Scripted: the model's turns (tests/formats/test_agent_inference.py).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from sqlrl.data.prompt_settings import PromptSettings
 from sqlrl.formats.agent import AGENT_SYSTEM_PROMPT
 from sqlrl.serve import create_app
 from sqlrl.serve.backends import BatchingBackend
+from tests.formats.test_agent_inference import SINGERS, ScriptedGenerator, call
+from tests.serve.test_playground import DB, ask, browser, wait_for  # noqa: F401  (browser)
 from tests.serve_helpers import LOCAL_URL, serve_config, serving
-from tests.test_agent_inference import SINGERS, ScriptedGenerator, call
-from tests.test_serve_playground import DB, ask, browser, wait_for  # noqa: F401  (browser)
 
 COUNT = "SELECT count(*) FROM singer"
 AGENT = PromptSettings("compact", 0, "SQL only.", rollout="agent", max_turns=2)

@@ -1,7 +1,7 @@
 """The agent's completion budget per turn (sqlrl.patches.per_turn_completion_budget): TRL 1.16
 asks every turn of its tool loop for the whole max_completion_length and trims afterwards; the
 stage asks each turn after a tool result for what its episode has left. The transformers path
-through the real trainer: tests/test_grpo_agent.py; vLLM's (`pytest -m vllm`) and the rules
+through the real trainer: tests/train/test_grpo_agent.py; vLLM's (`pytest -m vllm`) and the rules
 here."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """GRPO resume (grpo.resume): a run interrupted after a checkpoint continues from it when
 nothing it computes from changed, and starts fresh when its params, seed, prompts or SFT
-model did. The tiny model and real train questions of tests/test_grpo.py."""
+model did. The tiny model and real train questions of tests/train/test_grpo.py."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from sqlrl.train.checkpoints import FINGERPRINT_FILE, checkpoint_to_resume, last
 from sqlrl.train.grpo import grpo_fingerprint as run_fingerprint
 from sqlrl.train.grpo import train_grpo
 from sqlrl.train.rewards import reward_functions
-from tests import test_grpo
 from tests.repo_tools import SPIDER_DIR
+from tests.train import test_grpo
 
 rows = test_grpo.rows  # the same fixtures: real train questions, a tiny SFT model
 tiny_sft = test_grpo.tiny_sft
