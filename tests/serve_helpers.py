@@ -1,8 +1,9 @@
 """What the serving tests share: a tiny model trained to answer Spider questions, its server
-settings, and a real uvicorn server on loopback.
+settings, a scripted generator behind the server's batching backend, and a real uvicorn server
+on loopback.
 
-`trained_model` trains the model once per test process (a few seconds) for every test module
-that serves it; the fixture of each module asks for it.
+The `trained` fixture (tests/serve/conftest.py) trains the model once per test session (a few
+seconds) for every test module that serves it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import torch
 
 from sqlrl.data.prompt_settings import write_prompt_settings
 from sqlrl.request_input import RequestInput
-from sqlrl.serve import PromptSettings, ServeConfig
+from sqlrl.serve import PromptSettings, ServeConfig, create_app
+from sqlrl.serve.backends import BatchingBackend
 from tests.repo_tools import REPO_ROOT, SPIDER_DIR
 
 # the server answers to loopback names only (sqlrl.serve.trust); TestClient's default
@@ -38,6 +40,7 @@ PAIRS = [
     ("What are the stadium names?", NAME_SQL),
     ("Show every stadium name.", NAME_SQL),
 ]
+Q = PAIRS[0][0]  # the question most serving tests ask
 CONCERT_DDL = """
 CREATE TABLE stadium (Stadium_ID INT PRIMARY KEY, Location TEXT, Name TEXT, Capacity INT,
   Highest INT, Lowest INT, Average INT);
@@ -51,8 +54,6 @@ CREATE TABLE singer_in_concert (concert_ID INT, Singer_ID TEXT,
   FOREIGN KEY (Singer_ID) REFERENCES singer(Singer_ID));
 CREATE INDEX ignored ON singer(Name);
 """
-
-_TRAINED: dict[str, Path] = {}
 
 
 def tiny_arch():
@@ -68,13 +69,6 @@ def tiny_arch():
         max_position_embeddings=512,
         vocab_size=400,
     )
-
-
-def trained_model(tmp_path_factory) -> Path:
-    """The trained fixture model's folder, trained on first use in this test process."""
-    if "path" not in _TRAINED:
-        _TRAINED["path"] = train_served_model(tmp_path_factory.mktemp("served_model"))
-    return _TRAINED["path"]
 
 
 def save_prompt_settings(model_dir, settings: PromptSettings) -> None:
@@ -162,6 +156,43 @@ def serve_config(model_dir, **kw) -> ServeConfig:
         warmup=False,
     )
     return ServeConfig(**{**base, **kw})
+
+
+class ScriptedGenerator:
+    """A Generator double: waits, fails or answers, as told."""
+
+    def __init__(self, delay: float = 0.0, error: Exception | None = None, text: str = "SELECT 1"):
+        self.delay, self.error, self.text = delay, error, text
+        self.calls: list[int] = []
+        self.prompts: list[str] = []
+        self.release = threading.Event()
+
+    def generate(self, prompts):
+        self.calls.append(len(prompts))
+        self.prompts.extend(prompts)
+        if self.delay:
+            self.release.wait(self.delay)
+        if self.error:
+            raise self.error
+        return [self.text] * len(prompts)
+
+    def sample(self, prompts, n, temperature, seed):
+        return [[self.text] * n for _ in self.generate(prompts)]
+
+
+def scripted_app(trained, tokenizer, generator, **kw):
+    """The app on `generator` behind the server's batching backend (no model runs); `kw` sets
+    the backend's max_batch_size and max_queue, the prompt settings and ServeConfig fields."""
+    backend = BatchingBackend(
+        generator,
+        tokenizer,
+        name="scripted",
+        model_path=str(trained),
+        max_batch_size=kw.pop("max_batch_size", 8),
+        max_queue=kw.pop("max_queue", 16),
+    )
+    settings = kw.pop("prompt_settings", SETTINGS)
+    return create_app(serve_config(trained, **kw), backend=backend, prompt_settings=settings)
 
 
 @contextlib.contextmanager

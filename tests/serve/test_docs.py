@@ -12,12 +12,12 @@ from selenium.webdriver.common.by import By
 
 from sqlrl.serve import create_app
 from tests.serve.test_playground import browser, wait_for  # noqa: F401  (browser: a fixture)
-from tests.serve_helpers import SETTINGS, serve_config, serving, trained_model
+from tests.serve_helpers import SETTINGS, serve_config, serving
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    app = create_app(serve_config(trained_model(tmp_path_factory)), prompt_settings=SETTINGS)
+def base(trained):
+    app = create_app(serve_config(trained), prompt_settings=SETTINGS)
     with serving(app) as url:
         yield url
 

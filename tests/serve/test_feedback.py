@@ -35,15 +35,9 @@ from tests.serve_helpers import (
     page_token,
     serve_config,
     server_process,
-    trained_model,
 )
 
 DB = "concert_singer"
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    return trained_model(tmp_path_factory)
 
 
 @pytest.fixture

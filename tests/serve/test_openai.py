@@ -1,6 +1,6 @@
 """The OpenAI-compatible API (POST /v1/chat/completions, GET /v1/models), called by the real
 `openai` package against a live uvicorn server on loopback, with the tiny model trained in
-tests/serve_helpers.py: what any OpenAI client (LangChain, WrenAI, Vanna) would see."""
+tests/serve/conftest.py: what any OpenAI client (LangChain, WrenAI, Vanna) would see."""
 
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ from tests.serve_helpers import (
     SETTINGS,
     serve_config,
     serving,
-    trained_model,
 )
 
 KEY = "test-key"
@@ -29,11 +28,6 @@ DB = {"db_id": "concert_singer"}
 
 def ask(question: str) -> list[dict]:
     return [{"role": "user", "content": question}]
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    return trained_model(tmp_path_factory)
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,6 @@ from tests.serve_helpers import (
     SETTINGS,
     serve_config,
     serving,
-    trained_model,
 )
 
 KEY = "playground-key"
@@ -81,22 +80,22 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory):
+def site(trained, tmp_path_factory):
     """A live server with an API key and a feedback file: (base URL, feedback file)."""
     feedback = tmp_path_factory.mktemp("feedback") / "feedback.sqlite"
-    config = serve_config(trained_model(tmp_path_factory), api_key=KEY, feedback_db=str(feedback))
+    config = serve_config(trained, api_key=KEY, feedback_db=str(feedback))
     with serving(create_app(config, prompt_settings=SETTINGS)) as base:
         yield base, feedback
 
 
 @pytest.fixture(scope="module")
-def local_site(tmp_path_factory):
+def local_site(trained, tmp_path_factory):
     """The default set-up: no API key, so the server takes feedback only from its own page
     (with the page's token), stored as written by "local page"; questions of at most
     MAX_QUESTION_CHARS characters. (base URL, feedback file)."""
     feedback = tmp_path_factory.mktemp("local_feedback") / "feedback.sqlite"
     config = serve_config(
-        trained_model(tmp_path_factory),
+        trained,
         feedback_db=str(feedback),
         max_question_chars=MAX_QUESTION_CHARS,
     )

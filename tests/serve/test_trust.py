@@ -23,7 +23,7 @@ from sqlrl.serve.config import ServeConfig
 from sqlrl.serve.trust import PAGE_TOKEN_HEADER, PageTokens, host_name, key_id
 from tests.repo_tools import REPO_ROOT, SPIDER_DIR
 from tests.serve.test_playground import browser, wait_for  # noqa: F401  (browser: a fixture)
-from tests.serve_helpers import COUNT_SQL, PAIRS, page_token, server_process, trained_model
+from tests.serve_helpers import COUNT_SQL, PAIRS, page_token, server_process
 
 DB = "concert_singer"
 POISON = {
@@ -36,11 +36,10 @@ POISON = {
 
 
 @pytest.fixture(scope="module")
-def local_server(tmp_path_factory):
+def local_server(trained, tmp_path_factory):
     """The README's set-up: no API key, loopback, a feedback file: (base URL, feedback file)."""
     feedback = tmp_path_factory.mktemp("trust") / "feedback.sqlite"
-    model = trained_model(tmp_path_factory)
-    with server_process(model, "--feedback-db", str(feedback)) as (_, base):
+    with server_process(trained, "--feedback-db", str(feedback)) as (_, base):
         yield base, feedback
 
 
