@@ -20,6 +20,7 @@ from sqlrl.model.modeling import (
     train_tokenizer,
 )
 from sqlrl.params import ArchitectureParams
+from tests.vllm_stand_in import SAMPLING_DEFAULTS, SamplingParams
 
 TEXTS = [
     "SELECT count(*) FROM singer",
@@ -239,47 +240,6 @@ def test_sampling_is_temperature_only_whatever_the_checkpoint_says(hostile, prom
 
 # --------------------------------------------------------------------------- vLLM stand-in
 
-# vLLM 0.32.0's SamplingParams (vllm/sampling_params.py): its public fields and defaults
-VLLM_SAMPLING_DEFAULTS = dict(
-    n=1,
-    presence_penalty=0.0,
-    frequency_penalty=0.0,
-    repetition_penalty=1.0,
-    temperature=1.0,
-    watermarking=None,  # None (0.32; True in 0.31) applies the engine's watermark
-    top_p=1.0,
-    top_k=0,
-    min_p=0.0,
-    seed=None,
-    stop=None,
-    stop_token_ids=None,
-    ignore_eos=False,
-    max_tokens=16,
-    min_tokens=0,
-    logprobs=None,
-    prompt_logprobs=None,
-    prompt_logprob_token_ids=None,
-    prompt_logprob_start=None,
-    logprob_token_ids=None,
-    flat_logprobs=False,
-    detokenize=True,
-    skip_special_tokens=True,
-    spaces_between_special_tokens=True,
-    include_stop_str_in_output=False,
-    output_kind="CUMULATIVE",
-    stream_interval=None,
-    skip_clone=False,
-    structured_outputs=None,
-    logit_bias=None,
-    allowed_token_ids=None,
-    extra_args=None,
-    bad_words=None,
-    skip_reading_prefix_cache=None,
-    thinking_token_budget=None,
-    repetition_detection=None,
-    routed_experts_prompt_start=0,
-    trace_decode_token_ids=None,
-)
 # the fields that decide which tokens come out, and when decoding stops
 VLLM_DECODING_FIELDS = {
     "n",
@@ -320,23 +280,6 @@ VLLM_FROM_CHECKPOINT = (
 )
 
 
-class _FakeSamplingParams:
-    """SamplingParams as vLLM 0.32 builds it: keyword fields with its defaults (a misspelt
-    field is a TypeError), range checks, and greedy (temperature < 1e-5) resetting
-    top_p/top_k/min_p. `explicit` records what the caller set."""
-
-    def __init__(self, **kwargs):
-        unknown = set(kwargs) - set(VLLM_SAMPLING_DEFAULTS)
-        if unknown:
-            raise TypeError(f"SamplingParams has no field(s) {sorted(unknown)}")
-        self.explicit = set(kwargs)
-        self.__dict__.update({**VLLM_SAMPLING_DEFAULTS, **kwargs})
-        if not 0.0 < self.top_p <= 1.0 or self.top_k < -1 or not 0.0 <= self.min_p <= 1.0:
-            raise ValueError("top_p, top_k or min_p out of range")
-        if self.temperature < 1e-5:
-            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
-
-
 class _FakeLLM:
     """vllm.LLM's constructor and generate(prompts, sampling_params=None); with
     generation_config "auto" (the default) requests without SamplingParams take the
@@ -367,7 +310,7 @@ class _FakeLLM:
         diff = {k: config[k] for k in VLLM_FROM_CHECKPOINT if config.get(k) is not None}
         if "max_new_tokens" in diff:
             diff["max_tokens"] = diff.pop("max_new_tokens")
-        return _FakeSamplingParams(**diff)
+        return SamplingParams(**diff)
 
     def generate(self, prompts, sampling_params=None, *, use_tqdm=True, lora_request=None):
         sampling_params = sampling_params or self.get_default_sampling_params()
@@ -388,7 +331,7 @@ class _FakeLLM:
 @pytest.fixture
 def fake_vllm(monkeypatch):
     module = types.ModuleType("vllm")
-    module.LLM, module.SamplingParams = _FakeLLM, _FakeSamplingParams
+    module.LLM, module.SamplingParams = _FakeLLM, SamplingParams
     _FakeLLM.instances.clear()
     _FakeLLM.answers = {}
     monkeypatch.setitem(sys.modules, "vllm", module)
@@ -455,7 +398,7 @@ def test_vllm_gets_every_decoding_setting_and_no_checkpoint_defaults(hostile, fa
 
     generator.generate(["a prompt"])
     _, greedy = llm.calls[-1]
-    assert VLLM_DECODING_FIELDS <= greedy.explicit
+    assert VLLM_DECODING_FIELDS <= set(greedy.kw)
     assert (
         greedy.temperature,
         greedy.top_p,
@@ -471,7 +414,7 @@ def test_vllm_gets_every_decoding_setting_and_no_checkpoint_defaults(hostile, fa
 
     generator.sample(["a prompt"], n=4, temperature=0.9, seed=11)
     _, sampled = llm.calls[-1]
-    assert VLLM_DECODING_FIELDS <= sampled.explicit
+    assert VLLM_DECODING_FIELDS <= set(sampled.kw)
     assert (
         sampled.n,
         sampled.temperature,
@@ -486,7 +429,8 @@ def test_vllm_gets_every_decoding_setting_and_no_checkpoint_defaults(hostile, fa
 
 @pytest.mark.vllm
 def test_the_stand_in_is_the_installed_vllms_sampling_params():
-    """The stand-in's fields and defaults are those of the vLLM installed (`pytest -m vllm`: the
+    """The stand-in's fields and defaults (tests/vllm_stand_in.py, which the server's tests use
+    too) are those of the vLLM installed (`pytest -m vllm`: the
     CPU build, the same Python source as requirements-gpu.txt's vLLM), so a vLLM upgrade that
     adds, drops or changes a field fails here; and the real SamplingParams takes every setting."""
     vllm = pytest.importorskip("vllm")
@@ -498,7 +442,7 @@ def test_the_stand_in_is_the_installed_vllms_sampling_params():
         if not f.name.startswith("_") and f.name != "output_text_buffer_length"  # set by vLLM
     }
     declared["output_kind"] = declared["output_kind"].name
-    assert declared == VLLM_SAMPLING_DEFAULTS
+    assert declared == SAMPLING_DEFAULTS
     greedy = vllm.SamplingParams(**gen.vllm_sampling_settings(1, 0.0, 20, [7]))
     assert (greedy.temperature, greedy.top_k, greedy.stop_token_ids) == (0.0, 0, [7])
     assert greedy.watermarking is False and greedy.trace_decode_token_ids is None
