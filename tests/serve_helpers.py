@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -41,6 +42,8 @@ PAIRS = [
     ("Show every stadium name.", NAME_SQL),
 ]
 Q = PAIRS[0][0]  # the question most serving tests ask
+DB = "concert_singer"  # the database PAIRS ask about
+BROWSERS = ("chromium", "chromium-browser", "google-chrome")  # what the page tests drive
 CONCERT_DDL = """
 CREATE TABLE stadium (Stadium_ID INT PRIMARY KEY, Location TEXT, Name TEXT, Capacity INT,
   Highest INT, Lowest INT, Average INT);
@@ -261,3 +264,34 @@ def server_process(model_dir: Path, *flags: str):
             proc.kill()
         proc.wait(timeout=30)
         proc.stderr.close()
+
+
+def browser_paths() -> tuple[str, str] | None:
+    """(browser, chromedriver) where both are installed, else None."""
+    browser = next((p for p in map(shutil.which, BROWSERS) if p), None)
+    driver = shutil.which("chromedriver")
+    return (browser, driver) if browser and driver else None
+
+
+def wait_for(driver, condition, what: str, timeout: float = 60):
+    """What `condition(driver)` returns once truthy, waited for up to `timeout` seconds."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, timeout).until(
+        lambda d: condition(d), message=f"waiting for {what}"
+    )
+
+
+def ask(driver, question: str, sql: str) -> None:
+    """Ask `question` on the playground page and wait until it shows `sql`."""
+    from selenium.webdriver.common.by import By
+
+    box = driver.find_element(By.ID, "question")
+    box.clear()
+    box.send_keys(question)
+    driver.find_element(By.ID, "ask").click()
+    wait_for(
+        driver,
+        lambda d: d.find_element(By.ID, "sql").get_property("value") == sql,
+        f"the SQL {sql!r}",
+    )

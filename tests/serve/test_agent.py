@@ -15,8 +15,7 @@ from sqlrl.formats.agent import AGENT_SYSTEM_PROMPT
 from sqlrl.serve import create_app
 from sqlrl.serve.backends import BatchingBackend
 from tests.formats.test_agent_inference import SINGERS, ScriptedGenerator, call
-from tests.serve.test_playground import DB, ask, browser, wait_for  # noqa: F401  (browser)
-from tests.serve_helpers import LOCAL_URL, serve_config, serving
+from tests.serve_helpers import DB, LOCAL_URL, ask, serve_config, serving, wait_for
 
 COUNT = "SELECT count(*) FROM singer"
 AGENT = PromptSettings("compact", 0, "SQL only.", rollout="agent", max_turns=2)
@@ -109,7 +108,7 @@ def test_a_sql_model_has_no_trace(tmp_path, tokenizer):
         assert "rollout" not in client.get("/health").json()["prompt"]  # as before formats
 
 
-def test_the_playground_shows_an_agent_models_trace(browser, tmp_path, tokenizer):  # noqa: F811
+def test_the_playground_shows_an_agent_models_trace(browser, tmp_path, tokenizer):
     """A person asking an agent model sees each probe, what the database answered and the
     final SQL under the answer."""
     from selenium.webdriver.common.by import By

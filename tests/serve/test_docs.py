@@ -11,8 +11,7 @@ import pytest
 from selenium.webdriver.common.by import By
 
 from sqlrl.serve import create_app
-from tests.serve.test_playground import browser, wait_for  # noqa: F401  (browser: a fixture)
-from tests.serve_helpers import SETTINGS, serve_config, serving
+from tests.serve_helpers import SETTINGS, serve_config, serving, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +30,7 @@ def test_the_docs_load_nothing_from_elsewhere(base):
             assert httpx.get(base + url).status_code == 200, url
 
 
-def test_swagger_ui_renders_the_api_in_a_browser(browser, base):  # noqa: F811 (the fixture)
+def test_swagger_ui_renders_the_api_in_a_browser(browser, base):
     browser.get(base + "/docs")
     title = wait_for(
         browser,

@@ -28,6 +28,7 @@ from tests.repo_tools import REPO_ROOT, SPIDER_DIR
 from tests.serve_helpers import (
     CONCERT_DDL,
     COUNT_SQL,
+    DB,
     LOCAL_URL,
     NAME_SQL,
     PAIRS,
@@ -36,8 +37,6 @@ from tests.serve_helpers import (
     serve_config,
     server_process,
 )
-
-DB = "concert_singer"
 
 
 @pytest.fixture

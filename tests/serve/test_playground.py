@@ -17,66 +17,33 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import shutil
 import sqlite3
 from pathlib import Path
 
 import pytest
-from selenium import webdriver
-from selenium.webdriver.chrome.service import Service as DriverService
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
-from selenium.webdriver.support.ui import Select, WebDriverWait
+from selenium.webdriver.support.ui import Select
 
 from sqlrl.serve import create_app
 from tests.serve_helpers import (
     CONCERT_DDL,
     COUNT_SQL,
+    DB,
     NAME_SQL,
     PAIRS,
     SETTINGS,
+    ask,
     serve_config,
     serving,
+    wait_for,
 )
 
 KEY = "playground-key"
-DB = "concert_singer"
 OTHER_DB = "pets_1"  # tables Student, Has_Pet, Pets
 MAX_QUESTION_CHARS = 60  # local_site's limit: longer than every question of PAIRS
 ANSWER_BUTTONS = ("run", "right", "wrong", "save-correction")
-BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 SCREENSHOT_MAX_BYTES = 200_000
-
-
-def browser_paths() -> tuple[str, str] | None:
-    """(browser, chromedriver) where both are installed, else None."""
-    browser = next((p for p in map(shutil.which, BROWSERS) if p), None)
-    driver = shutil.which("chromedriver")
-    return (browser, driver) if browser and driver else None
-
-
-@pytest.fixture(scope="module")
-def browser():
-    paths = browser_paths()
-    if paths is None:
-        pytest.skip(
-            "no headless browser: install Debian's chromium and chromium-driver "
-            "(apt-get install chromium chromium-driver; .ci/run does)"
-        )
-    options = webdriver.ChromeOptions()
-    options.binary_location = paths[0]
-    for arg in (
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-dev-shm-usage",
-        "--window-size=1100,1000",
-    ):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=DriverService(paths[1]), options=options)
-    driver.set_page_load_timeout(60)
-    yield driver
-    driver.quit()
 
 
 @pytest.fixture(scope="module")
@@ -103,26 +70,8 @@ def local_site(trained, tmp_path_factory):
         yield base, feedback
 
 
-def wait_for(driver, condition, what: str, timeout: float = 60):
-    return WebDriverWait(driver, timeout).until(
-        lambda d: condition(d), message=f"waiting for {what}"
-    )
-
-
 def text(driver, element_id: str) -> str:
     return driver.find_element(By.ID, element_id).text
-
-
-def ask(driver, question: str, sql: str) -> None:
-    box = driver.find_element(By.ID, "question")
-    box.clear()
-    box.send_keys(question)
-    driver.find_element(By.ID, "ask").click()
-    wait_for(
-        driver,
-        lambda d: d.find_element(By.ID, "sql").get_property("value") == sql,
-        f"the SQL {sql!r}",
-    )
 
 
 def open_page(driver, base: str, key: str | None = None) -> None:

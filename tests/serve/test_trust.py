@@ -22,10 +22,8 @@ from sqlrl.serve.cli import for_bind_address
 from sqlrl.serve.config import ServeConfig
 from sqlrl.serve.trust import PAGE_TOKEN_HEADER, PageTokens, host_name, key_id
 from tests.repo_tools import REPO_ROOT, SPIDER_DIR
-from tests.serve.test_playground import browser, wait_for  # noqa: F401  (browser: a fixture)
-from tests.serve_helpers import COUNT_SQL, PAIRS, page_token, server_process
+from tests.serve_helpers import COUNT_SQL, DB, PAIRS, page_token, server_process, wait_for
 
-DB = "concert_singer"
 POISON = {
     "db_id": DB,
     "question": "How many singers do we have?",
@@ -144,7 +142,7 @@ def page_elsewhere(html: str):
 
 
 def test_a_page_on_another_port_cannot_write_feedback_through_the_browser(
-    browser,  # noqa: F811 (the fixture)
+    browser,
     local_server,
 ):
     """Chromium on a page served from another local port: no-cors fetches (text/plain and
