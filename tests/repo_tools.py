@@ -37,6 +37,14 @@ def fixed_params(*overrides: str):
     return params_from_dict(fixed_params_dict(*overrides))
 
 
+def eval_params(**changes):
+    """The test profile's eval section, greedy on transformers, no repair, no extra sets."""
+    import dataclasses
+
+    fixed = dict(max_new_tokens=16, use_vllm=False, num_samples=1, schema_repair=False)
+    return dataclasses.replace(fixed_params().eval, sets={}, vote_models=[], **{**fixed, **changes})
+
+
 def write_fixed_params(path: Path, *overrides: str) -> Path:
     """A params.yaml at `path` for a stage's --params: TEST_PROFILE with overrides."""
     import yaml

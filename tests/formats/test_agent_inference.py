@@ -22,12 +22,10 @@ from sqlrl.formats import get_format
 from sqlrl.formats.agent import AGENT_SYSTEM_PROMPT
 from sqlrl.formats.reasoning import REASONING_SYSTEM_PROMPT
 from sqlrl.formats.tool_loop import AgentLoop, render_agent_prompt, tool_schemas
-from sqlrl.jsonio import read_jsonl
-from sqlrl.params import EvalParams
 from sqlrl.request_input import RequestInput
-from tests.repo_tools import fixed_params
+from tests.repo_tools import eval_params, fixed_params
+from tests.scripted_turns import SINGERS, ScriptedGenerator, call
 
-SINGERS = "How many singers do we have?"
 HEADS = "How many heads of the departments are older than 56 ?"
 
 
@@ -36,29 +34,6 @@ def tokenizer():
     from sqlrl.model.qwen_tokenizer import build_qwen25_tokenizer
 
     return build_qwen25_tokenizer()
-
-
-def call(query: str, name: str = "execute_sql") -> str:
-    """A Qwen2.5 tool-call turn, as the model writes it."""
-    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': {'query': query}})}\n</tool_call>"
-
-
-class ScriptedGenerator:
-    """The Generator protocol with the model's turns written in advance: `script(prompt,
-    turn)` gives the text for a prompt whose conversation has had `turn` tool results. It
-    records every batch it was asked for."""
-
-    def __init__(self, script):
-        self.script = script
-        self.batches: list[list[str]] = []
-
-    def generate(self, prompts):
-        self.batches.append(list(prompts))
-        return [self.script(p, p.count("<tool_response>")) for p in prompts]
-
-    def sample(self, prompts, n, temperature, seed):
-        self.batches.append(list(prompts))
-        return [[self.script(p, p.count("<tool_response>"), i) for i in range(n)] for p in prompts]
 
 
 def agent_messages(spider_dir, db_id: str, question: str) -> list[dict]:
@@ -243,23 +218,6 @@ def test_sampled_episodes_draw_their_first_turns_together(spider_dir, tokenizer)
 
 
 # --------------------------------------------------------------------------- evaluation
-
-
-def eval_params(**changes) -> EvalParams:
-    """The test profile's eval section, greedy on transformers, no repair, no extra sets."""
-    import dataclasses
-
-    fixed = dict(max_new_tokens=16, use_vllm=False, num_samples=1, schema_repair=False)
-    return dataclasses.replace(fixed_params().eval, sets={}, vote_models=[], **{**fixed, **changes})
-
-
-@pytest.fixture(scope="module")
-def singer_rows(prepared_dir, tmp_path_factory):
-    """Four concert_singer dev rows as prepare writes them (prepare's system prompt)."""
-    rows = [r for r in read_jsonl(prepared_dir / "dev.jsonl") if r["db_id"] == "concert_singer"]
-    path = tmp_path_factory.mktemp("agent_eval") / "dev.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows[:4]))
-    return path, rows[:4]
 
 
 def model_folder(path, rollout: str, *overrides: str):

@@ -17,8 +17,7 @@ from sqlrl.eval.evaluate import evaluate_model
 from sqlrl.formats import FORMATS, Format, get_format, register_format, unregister_format
 from sqlrl.params import ROLLOUTS, TOOL_ROLLOUTS
 from sqlrl.sql.extract import extract_sql
-from tests.formats.test_agent_inference import eval_params, singer_rows  # noqa: F401  (a fixture)
-from tests.repo_tools import REPO_ROOT, fixed_params
+from tests.repo_tools import REPO_ROOT, eval_params, fixed_params
 
 BUILT_IN = tuple(FORMATS)  # before any test registers its own
 
@@ -65,7 +64,7 @@ def _render(messages):
 
 def test_a_format_registered_in_a_test_module_runs_through_evaluation(
     marked,
-    singer_rows,  # noqa: F811  (the fixture imported above)
+    singer_rows,
     spider_dir,
     tmp_path,
 ):

@@ -2,7 +2,7 @@
 loop (sqlrl/serve/inference.py) and return the trace next to the answer.
 
 Real: Qwen2.5's tokenizer and template, TRL's parser, the server's batching backend, Spider's
-concert_singer, the sandbox. Scripted: the model's turns (tests/formats/test_agent_inference.py).
+concert_singer, the sandbox. Scripted: the model's turns (tests/scripted_turns.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from sqlrl.data.prompt_settings import PromptSettings
 from sqlrl.formats.agent import AGENT_SYSTEM_PROMPT
 from sqlrl.serve import create_app
 from sqlrl.serve.backends import BatchingBackend
-from tests.formats.test_agent_inference import SINGERS, ScriptedGenerator, call
+from tests.scripted_turns import SINGERS, ScriptedGenerator, call
 from tests.serve_helpers import DB, LOCAL_URL, ask, serve_config, serving, wait_for
 
 COUNT = "SELECT count(*) FROM singer"
