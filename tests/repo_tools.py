@@ -209,3 +209,18 @@ def save_tiny_qwen(path: Path, head_dim: int = 8) -> Path:
     build_scratch_model(architecture, tokenizer, seed=0).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+def tables_entry(db_id: str, table: str, columns: list[str]) -> dict:
+    """A tables.json entry for one table of text columns (BIRD's tables file has Spider's
+    shape)."""
+    return {
+        "db_id": db_id,
+        "table_names_original": [table],
+        "table_names": [table],
+        "column_names_original": [[-1, "*"]] + [[0, c] for c in columns],
+        "column_names": [[-1, "*"]] + [[0, c] for c in columns],
+        "column_types": ["text"] * (len(columns) + 1),
+        "primary_keys": [],
+        "foreign_keys": [],
+    }

@@ -21,7 +21,7 @@ from sqlrl.data.spider import SpiderDataError
 from sqlrl.eval.evaluate import Split, evaluate_model
 from sqlrl.eval.score import score_predictions
 from sqlrl.params import compose_params, params_from_dict
-from tests.repo_tools import REPO_ROOT
+from tests.repo_tools import REPO_ROOT, tables_entry
 
 # a BIRD-format release in miniature: one database present, one absent (as 8 of 11 are here)
 BIRD_QUESTIONS = [
@@ -53,19 +53,6 @@ BIRD_QUESTIONS = [
 MEMBERS = [("ann", "paid", "Oslo"), ("bob", "due", "Oslo"), ("cy", "paid", "Rome")]
 
 
-def _tables_entry(db_id: str, table: str, columns: list[str]) -> dict:
-    return {
-        "db_id": db_id,
-        "table_names_original": [table],
-        "table_names": [table],
-        "column_names_original": [[-1, "*"]] + [[0, c] for c in columns],
-        "column_names": [[-1, "*"]] + [[0, c] for c in columns],
-        "column_types": ["text"] * (len(columns) + 1),
-        "primary_keys": [],
-        "foreign_keys": [],
-    }
-
-
 @pytest.fixture
 def bird_release(tmp_path):
     """data/raw/ holding `bird-dev/` laid out exactly as BIRD's dev release is."""
@@ -85,8 +72,8 @@ def bird_release(tmp_path):
     (root / "dev_tables.json").write_text(
         json.dumps(
             [
-                _tables_entry("club", "member", ["name", "status", "city"]),
-                _tables_entry("racing", "results", ["driver", "year", "position"]),
+                tables_entry("club", "member", ["name", "status", "city"]),
+                tables_entry("racing", "results", ["driver", "year", "position"]),
             ]
         )
     )

@@ -12,7 +12,6 @@ import pytest
 from sqlrl.data.prepare import prepare
 from sqlrl.data.spider import SpiderDataError
 from sqlrl.params import ParamsError, compose_params, params_from_dict
-from tests.data.test_prepare import mini_root  # noqa: F401  (a fixture)
 
 TAUGHT = "How many singers are there in the taught file?"
 
@@ -45,7 +44,7 @@ def _write_feedback(root, items):
     return "verified.json"
 
 
-def test_taught_pairs_land_in_the_sft_data_and_a_dev_query_does_not(mini_root):  # noqa: F811
+def test_taught_pairs_land_in_the_sft_data_and_a_dev_query_does_not(mini_root):
     dev = json.loads((mini_root / "data/raw/spider/dev.json").read_text())
     dev_query = next(e for e in dev if e["db_id"] == "concert_singer")
     name = _write_feedback(
@@ -86,7 +85,7 @@ def test_taught_pairs_land_in_the_sft_data_and_a_dev_query_does_not(mini_root): 
     assert "extra_train" not in before
 
 
-def test_a_missing_or_malformed_file_is_named(mini_root):  # noqa: F811
+def test_a_missing_or_malformed_file_is_named(mini_root):
     with pytest.raises(SpiderDataError, match="data/feedback/absent.json: no such file"):
         _run(mini_root, ["absent.json"])
     name = _write_feedback(mini_root, [{"db_id": "concert_singer", "question": "no query"}])

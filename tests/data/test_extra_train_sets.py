@@ -13,9 +13,7 @@ import sys
 import pytest
 
 from sqlrl.params import ParamsError
-from tests.benchmarks.test_sets import _tables_entry  # BIRD's tables file has Spider's shape
-from tests.data.test_prepare import mini_root  # noqa: F401  (a fixture)
-from tests.repo_tools import REPO_ROOT, fixed_params, write_fixed_params
+from tests.repo_tools import REPO_ROOT, fixed_params, tables_entry, write_fixed_params
 
 # BIRD's train release in miniature, in its exact layout and keys: train.json,
 # train_tables.json, train_databases/<db>/<db>.sqlite (+ database_description/)
@@ -47,7 +45,7 @@ SPEC = (
 
 
 @pytest.fixture
-def bird_train(mini_root):  # noqa: F811
+def bird_train(mini_root):
     """mini_root with data/raw/bird-train/ laid out as BIRD's train release is."""
     root = mini_root / "data" / "raw" / "bird-train"
     db_dir = root / "train_databases" / "shop"
@@ -64,8 +62,8 @@ def bird_train(mini_root):  # noqa: F811
     (root / "train_tables.json").write_text(
         json.dumps(
             [
-                _tables_entry("shop", "items", ["name", "price"]),
-                _tables_entry("warehouse", "stock", ["kind"]),
+                tables_entry("shop", "items", ["name", "price"]),
+                tables_entry("warehouse", "stock", ["kind"]),
             ]
         )
     )
