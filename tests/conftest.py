@@ -6,6 +6,7 @@ import contextlib
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -13,7 +14,9 @@ from tests.repo_tools import (
     REPO_ROOT,
     SPIDER_DIR,
     run_cli,
+    save_tiny_qwen,
     storage_url,
+    tiny_arch,
     whole_spider_prepare_params,
 )
 
@@ -117,3 +120,49 @@ def prepared_dir(spider_dir, tmp_path_factory):
     with contextlib.chdir(root):  # as DVC runs it: rows hold data/raw/spider/... paths
         prepare(prepare_params, 42, "data/raw/spider", "data/prepared")
     return root / "data" / "prepared"
+
+
+TINY_TEXTS = [  # what the tiny model's tokenizer is trained on
+    "SELECT count(*) FROM singer",
+    "SELECT name FROM stadium WHERE capacity > 100",
+    "How many singers do we have?",
+    "List the names of all concerts in 2014.",
+    "table | col, col | table | col",
+] * 20
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """A tiny Qwen2 model (hidden 32, 2 layers) + ChatML tokenizer, saved and reloaded."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from sqlrl.model.modeling import build_scratch_model, to_transformers_tokenizer, train_tokenizer
+
+    arch = tiny_arch()
+    tokenizer = to_transformers_tokenizer(train_tokenizer(TINY_TEXTS, arch.vocab_size))
+    model = build_scratch_model(arch, tokenizer, seed=0)
+    with torch.no_grad():  # larger weights than the init default: varied, well-separated logits
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(p.numel()))
+    path = tmp_path_factory.mktemp("tiny")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path), path
+
+
+@pytest.fixture(scope="module")
+def tiny_qwen(tmp_path_factory):
+    """A tiny random Qwen2 on Qwen2.5's real tokenizer and template (save_tiny_qwen), saved."""
+    return save_tiny_qwen(tmp_path_factory.mktemp("tiny_qwen"))
+
+
+@pytest.fixture
+def private_db(spider_dir, tmp_path) -> Path:
+    """A private copy of concert_singer, alone in its directory."""
+    folder = tmp_path / "db"
+    folder.mkdir()
+    target = folder / "concert_singer.sqlite"
+    shutil.copyfile(spider_dir / "database" / "concert_singer" / "concert_singer.sqlite", target)
+    return target

@@ -24,6 +24,21 @@ def _composed(overrides: tuple[str, ...]) -> dict:
     return compose_params(TEST_PROFILE, list(overrides), conf_dir=REPO_ROOT / "conf")
 
 
+def tiny_arch():
+    """A Qwen2 of hidden size 32 and 2 layers, small enough to build and run in a test."""
+    from sqlrl.params import ArchitectureParams
+
+    return ArchitectureParams(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        vocab_size=400,
+    )
+
+
 def fixed_params_dict(*overrides: str) -> dict:
     """params.yaml's content for TEST_PROFILE with Hydra overrides such as
     `eval.max_new_tokens=6` (a fresh copy: the caller may change it)."""

@@ -25,7 +25,7 @@ from sqlrl.data.prompt_settings import write_prompt_settings
 from sqlrl.request_input import RequestInput
 from sqlrl.serve import PromptSettings, ServeConfig, create_app
 from sqlrl.serve.backends import BatchingBackend
-from tests.repo_tools import REPO_ROOT, SPIDER_DIR
+from tests.repo_tools import REPO_ROOT, SPIDER_DIR, tiny_arch
 
 # the server answers to loopback names only (sqlrl.serve.trust); TestClient's default
 # host, "testserver", is not one
@@ -59,19 +59,9 @@ CREATE INDEX ignored ON singer(Name);
 """
 
 
-def tiny_arch():
-    """A Qwen2 small enough to train in seconds on a CPU."""
-    from sqlrl.params import ArchitectureParams
-
-    return ArchitectureParams(
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        vocab_size=400,
-    )
+def served_arch():
+    """A Qwen2 small enough to train in seconds on a CPU: the tests' tiny one, twice as wide."""
+    return dataclasses.replace(tiny_arch(), hidden_size=64, intermediate_size=128)
 
 
 def save_prompt_settings(model_dir, settings: PromptSettings) -> None:
@@ -90,7 +80,7 @@ def save_prompt_settings(model_dir, settings: PromptSettings) -> None:
 
 
 def train_served_model(path: Path, arch=None) -> Path:
-    """A tiny model (`arch`, else tiny_arch()) trained until it answers PAIRS exactly (greedy),
+    """A tiny model (`arch`, else served_arch()) trained until it answers PAIRS exactly (greedy),
     saved like models/final in `path`."""
     from sqlrl.data.prompts import render_prompt
     from sqlrl.model.modeling import build_scratch_model, to_transformers_tokenizer, train_tokenizer
@@ -98,7 +88,7 @@ def train_served_model(path: Path, arch=None) -> Path:
     builder = RequestInput(SETTINGS, SPIDER_DIR)
     messages = [builder.messages(q, db_id="concert_singer") for q, _ in PAIRS]
     texts = [m["content"] for ms in messages for m in ms] + [sql for _, sql in PAIRS]
-    arch = arch or tiny_arch()
+    arch = arch or served_arch()
     tokenizer = to_transformers_tokenizer(train_tokenizer(texts * 5, arch.vocab_size))
     model = build_scratch_model(arch, tokenizer, seed=0)
     seqs = [

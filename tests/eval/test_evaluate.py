@@ -19,7 +19,6 @@ from sqlrl.data.prompt_settings import PromptSettings
 from sqlrl.eval.evaluate import evaluate_model, evaluate_split
 from sqlrl.jsonio import read_json, read_jsonl
 from sqlrl.params import EvalParams, params_from_dict
-from tests.model.test_generate import tiny  # noqa: F401  (the tiny-model fixture)
 from tests.repo_tools import REPO_ROOT, fixed_params_dict
 
 RAW_DIR = REPO_ROOT / "data" / "raw"
@@ -39,6 +38,20 @@ ANSWERS = {
     9: (None, 1, 1, "ok"),
 }
 ABSENT = 2  # wta_1 rows (database absent from this copy of Spider)
+
+
+def _eval_params() -> EvalParams:
+    """Greedy on transformers, batches of 4, no repair, no extra sets: the fake models' eval."""
+    return EvalParams(
+        batch_size=4,
+        max_new_tokens=8,
+        use_vllm=False,
+        num_samples=1,
+        temperature=0.8,
+        schema_repair=False,
+        vote_models=[],
+        sets={},
+    )
 
 
 def _render(messages):
@@ -143,16 +156,7 @@ def test_ex_all_counts_skipped_questions_as_wrong(dev_rows, prepared_dir, spider
     (tmp_path / "heldout.jsonl").write_text("".join(json.dumps(r) + "\n" for r in heldout))
     fake = _fake_for(dev_rows)
     fake.answers.update({_render(r["prompt"]): r["gold"] for r in heldout if r["prompt"]})
-    params = EvalParams(
-        batch_size=4,
-        max_new_tokens=8,
-        use_vllm=False,
-        num_samples=1,
-        temperature=0.8,
-        schema_repair=False,
-        vote_models=[],
-        sets={},
-    )
+    params = _eval_params()
     metrics, preds = evaluate_model(
         "models/x",
         params,
@@ -268,16 +272,7 @@ def test_evaluate_model_heldout_split_and_empty_splits(
     (tmp_path / "empty.jsonl").write_text("")
     fake = _fake_for(dev_rows)
     fake.answers.update({_render(r["prompt"]): r["gold"] for r in heldout})
-    params = EvalParams(
-        batch_size=4,
-        max_new_tokens=8,
-        use_vllm=False,
-        num_samples=1,
-        temperature=0.8,
-        schema_repair=False,
-        vote_models=[],
-        sets={},
-    )
+    params = _eval_params()
     metrics, preds = evaluate_model(
         "models/x",
         params,
@@ -304,7 +299,7 @@ def test_evaluate_model_heldout_split_and_empty_splits(
 
 
 def test_stage_writes_metrics_and_predictions_with_a_tiny_model(
-    tiny,  # noqa: F811
+    tiny,
     prepared_dir,
     spider_dir,
     tmp_path,
@@ -391,16 +386,7 @@ def test_stage_writes_metrics_and_predictions_with_a_tiny_model(
 def test_only_absent_databases_loads_no_model(dev_rows, spider_dir, tmp_path):
     absent = [r for r in dev_rows if r["prompt"] is None]
     (tmp_path / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in absent))
-    params = EvalParams(
-        batch_size=4,
-        max_new_tokens=8,
-        use_vllm=False,
-        num_samples=1,
-        temperature=0.8,
-        schema_repair=False,
-        vote_models=[],
-        sets={},
-    )
+    params = _eval_params()
     metrics, preds = evaluate_model(
         tmp_path / "no-such-model",
         params,
@@ -435,16 +421,7 @@ def test_a_damaged_database_is_an_error_naming_it_not_a_zero(dev_rows, spider_di
     damaged.write_bytes(b"SQLite format 3\x00" + b"\x07" * 4096)
     # the rows name the copy's file, as prepare records each row's database
     rows = [{**r, "db_path": str(damaged)} for r in dev_rows if r["db_id"] == "concert_singer"]
-    params = EvalParams(
-        batch_size=4,
-        max_new_tokens=8,
-        use_vllm=False,
-        num_samples=1,
-        temperature=0.8,
-        schema_repair=False,
-        vote_models=[],
-        sets={},
-    )
+    params = _eval_params()
     (tmp_path / "dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(DatabaseFileError, match=str(damaged)):
         evaluate_model(

@@ -20,7 +20,7 @@ from sqlrl.data.spider import load_examples, load_schemas
 from sqlrl.formats import get_format
 from sqlrl.formats.agent import AGENT_SYSTEM_PROMPT, probe_query
 from sqlrl.formats.reasoning import answer_sql, reasoning_format_score
-from tests.repo_tools import fixed_params, grpo_rows, save_tiny_qwen
+from tests.repo_tools import fixed_params, grpo_rows
 
 
 @pytest.fixture(scope="module")
@@ -94,11 +94,6 @@ def test_a_reasoning_row_has_the_shape_the_format_reward_pays_for(rows):
         assert reasoning_format_score(row["completion"]) == 1.0
         assert answer_sql(row["completion"]) == normalize_sql_whitespace(gold)
     assert "head" in sft[0]["completion"][0]["content"].split("</think>")[0]
-
-
-@pytest.fixture(scope="module")
-def tiny_qwen(tmp_path_factory):
-    return save_tiny_qwen(tmp_path_factory.mktemp("base_qwen"))
 
 
 def test_the_agent_prompt_is_the_one_grpo_renders(rows, tiny_qwen):

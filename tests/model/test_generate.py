@@ -15,20 +15,9 @@ from sqlrl.data.prompts import build_messages, render_prompt
 from sqlrl.model import generate as gen
 from sqlrl.model.modeling import (
     IM_END,
-    build_scratch_model,
-    to_transformers_tokenizer,
-    train_tokenizer,
 )
-from sqlrl.params import ArchitectureParams
 from tests.vllm_stand_in import SAMPLING_DEFAULTS, SamplingParams
 
-TEXTS = [
-    "SELECT count(*) FROM singer",
-    "SELECT name FROM stadium WHERE capacity > 100",
-    "How many singers do we have?",
-    "List the names of all concerts in 2014.",
-    "table | col, col | table | col",
-] * 20
 QUESTIONS = [
     "How many singers?",
     "List every stadium name ordered by capacity descending.",
@@ -37,32 +26,6 @@ QUESTIONS = [
     "a concert in 2014 or 2015?",
     "Count concerts.",
 ]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """A tiny Qwen2 model (hidden 32, 2 layers) + ChatML tokenizer, saved and reloaded."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    arch = ArchitectureParams(
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        vocab_size=400,
-    )
-    tokenizer = to_transformers_tokenizer(train_tokenizer(TEXTS, arch.vocab_size))
-    model = build_scratch_model(arch, tokenizer, seed=0)
-    with torch.no_grad():  # larger weights than the init default: varied, well-separated logits
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(p.numel()))
-    path = tmp_path_factory.mktemp("tiny")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path), path
 
 
 @pytest.fixture(scope="module")

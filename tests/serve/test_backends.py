@@ -24,7 +24,7 @@ from tests.serve_helpers import (
     ScriptedGenerator,
     save_prompt_settings,
     serve_config,
-    tiny_arch,
+    served_arch,
 )
 from tests.vllm_stand_in import RequestOutputKind, SamplingParams, install, sent, vllm_package
 
@@ -175,7 +175,7 @@ def penalised(tmp_path_factory, tokenizer):
 
     from sqlrl.model.modeling import build_scratch_model
 
-    arch = tiny_arch()
+    arch = served_arch()
     model = build_scratch_model(arch, tokenizer, seed=3)
     torch.manual_seed(3)
     with torch.no_grad():  # wider weights than the init's: varied logits, so a penalty shows

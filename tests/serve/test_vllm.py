@@ -30,8 +30,8 @@ from tests.serve_helpers import (  # noqa: E402
     SETTINGS,
     save_prompt_settings,
     serve_config,
+    served_arch,
     serving,
-    tiny_arch,
     train_served_model,
 )
 
@@ -60,7 +60,7 @@ def wait_until(condition, timeout: float = 60.0) -> None:
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     """(app, base URL): the trained tiny model behind vLLM's AsyncLLMEngine and uvicorn."""
-    arch = dataclasses.replace(tiny_arch(), num_attention_heads=2, num_key_value_heads=1)
+    arch = dataclasses.replace(served_arch(), num_attention_heads=2, num_key_value_heads=1)
     model = train_served_model(tmp_path_factory.mktemp("vllm_served"), arch=arch)
     app = create_app(serve_config(model, backend="vllm"), prompt_settings=SETTINGS)
     with serving(app) as base:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
@@ -23,16 +22,6 @@ CARTESIAN = (
 )
 
 
-@pytest.fixture
-def db(spider_dir, tmp_path) -> Path:
-    """A private copy of concert_singer, alone in its directory."""
-    folder = tmp_path / "db"
-    folder.mkdir()
-    target = folder / "concert_singer.sqlite"
-    shutil.copyfile(spider_dir / "database" / "concert_singer" / "concert_singer.sqlite", target)
-    return target
-
-
 def snapshot(folder: Path) -> dict:
     """Every file under `folder` with its bytes and modification time."""
     return {
@@ -42,8 +31,8 @@ def snapshot(folder: Path) -> dict:
     }
 
 
-def test_a_query_gives_its_rows_and_columns(db):
-    verdict = execute(db, "SELECT name, age FROM singer WHERE age > 40 ORDER BY age")
+def test_a_query_gives_its_rows_and_columns(private_db):
+    verdict = execute(private_db, "SELECT name, age FROM singer WHERE age > 40 ORDER BY age")
     assert verdict == Verdict(
         "ok",
         rows=(("Rose White", 41), ("John Nizinik", 43), ("Joe Sharp", 52)),
@@ -52,14 +41,14 @@ def test_a_query_gives_its_rows_and_columns(db):
     assert verdict.ok
 
 
-def test_trailing_semicolons_and_comments_are_fine(db):
+def test_trailing_semicolons_and_comments_are_fine(private_db):
     for sql in [
         "SELECT count(*) FROM singer;",
         "SELECT count(*) FROM singer; -- done",
         "/* count */ SELECT count(*) FROM singer /* all */ ;",
         "SELECT count(*) -- how many\nFROM singer",
     ]:
-        assert execute(db, sql).rows == ((6,),), sql
+        assert execute(private_db, sql).rows == ((6,),), sql
 
 
 def test_relative_paths_are_read_against_the_repo_root(spider_dir):
@@ -76,8 +65,8 @@ def test_an_absent_database_is_skipped_and_not_created(tmp_path):
     assert not missing.exists() and list(tmp_path.iterdir()) == []
 
 
-def test_schema_reading_pragmas_are_allowed(db):
-    verdict = execute(db, "PRAGMA table_info(singer)")
+def test_schema_reading_pragmas_are_allowed(private_db):
+    verdict = execute(private_db, "PRAGMA table_info(singer)")
     assert verdict.ok and len(verdict.rows) == 7
 
 
@@ -132,24 +121,26 @@ BAD_SQL = {
 
 
 @pytest.mark.parametrize("name", BAD_SQL)
-def test_bad_sql_is_a_verdict_with_a_reason_and_changes_nothing(db, name, tmp_path, monkeypatch):
+def test_bad_sql_is_a_verdict_with_a_reason_and_changes_nothing(
+    private_db, name, tmp_path, monkeypatch
+):
     monkeypatch.chdir(tmp_path)  # where relative names like 'x.db' would land
-    folder = db.parent
+    folder = private_db.parent
     before = snapshot(folder)
     cwd_before = sorted(os.listdir())
-    verdict = SQLExecutor(ExecLimits(timeout_s=1.0)).execute(db, BAD_SQL[name])
+    verdict = SQLExecutor(ExecLimits(timeout_s=1.0)).execute(private_db, BAD_SQL[name])
     assert verdict.status in ("error", "timeout"), verdict
     assert verdict.error and verdict.rows is None
     assert snapshot(folder) == before
     assert sorted(os.listdir()) == cwd_before  # relative file names did not land in the cwd
 
 
-def test_attach_and_vacuum_into_create_no_file_anywhere(db, tmp_path, monkeypatch):
+def test_attach_and_vacuum_into_create_no_file_anywhere(private_db, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     executor = SQLExecutor()
-    for target in [tmp_path / "x.db", db.parent / "y.db", Path("z.db")]:
-        assert executor.execute(db, f"ATTACH '{target}' AS x").status == "error"
-        assert executor.execute(db, f"VACUUM INTO '{target}'").status == "error"
+    for target in [tmp_path / "x.db", private_db.parent / "y.db", Path("z.db")]:
+        assert executor.execute(private_db, f"ATTACH '{target}' AS x").status == "error"
+        assert executor.execute(private_db, f"VACUUM INTO '{target}'").status == "error"
         assert not target.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["db"]
 
@@ -157,11 +148,11 @@ def test_attach_and_vacuum_into_create_no_file_anywhere(db, tmp_path, monkeypatc
 @pytest.mark.parametrize(
     "sql", [RUNAWAY, CARTESIAN, CARTESIAN.replace("count(*)", "*") + " ORDER BY random()"]
 )
-def test_runaway_queries_are_stopped_by_the_time_limit(db, sql):
+def test_runaway_queries_are_stopped_by_the_time_limit(private_db, sql):
     """A query that never ends is a timeout verdict (how far past the limit it runs:
     benchmarks/bench_sandbox.py)."""
     executor = SQLExecutor(ExecLimits(timeout_s=0.5))
-    verdict = executor.execute(db, sql)
+    verdict = executor.execute(private_db, sql)
     # a sort in memory may fill SQLite's heap limit before the deadline: an error, as soon
     assert (
         verdict.status == "timeout"
@@ -169,28 +160,30 @@ def test_runaway_queries_are_stopped_by_the_time_limit(db, sql):
         or verdict.status == "error"
         and "out of memory" in verdict.error
     )
-    assert executor.execute(db, "SELECT count(*) FROM singer").rows == ((6,),)  # still usable
+    assert executor.execute(private_db, "SELECT count(*) FROM singer").rows == (
+        (6,),
+    )  # still usable
 
 
-def test_row_and_value_caps_are_errors(db):
+def test_row_and_value_caps_are_errors(private_db):
     executor = SQLExecutor(ExecLimits(max_rows=5, max_value_bytes=1_000))
-    assert "more than 5 rows" in executor.execute(db, "SELECT * FROM singer").error
-    assert executor.execute(db, "SELECT * FROM singer LIMIT 5").ok
-    assert "too big" in executor.execute(db, "SELECT zeroblob(2000)").error
+    assert "more than 5 rows" in executor.execute(private_db, "SELECT * FROM singer").error
+    assert executor.execute(private_db, "SELECT * FROM singer LIMIT 5").ok
+    assert "too big" in executor.execute(private_db, "SELECT zeroblob(2000)").error
     assert (
         "characters"
         in SQLExecutor(ExecLimits(max_sql_chars=10))
-        .execute(db, "SELECT count(*) FROM singer")
+        .execute(private_db, "SELECT count(*) FROM singer")
         .error
     )
 
 
-def test_gold_results_are_cached_per_database_and_sql(db):
+def test_gold_results_are_cached_per_database_and_sql(private_db):
     executor = SQLExecutor()
-    first = executor.execute_gold(db, "SELECT name FROM singer")
-    assert executor.execute_gold(db, "SELECT name FROM singer") is first
-    assert executor.execute_gold(db, "SELECT age FROM singer") is not first
-    assert executor.execute(db, "SELECT name FROM singer") is not first
+    first = executor.execute_gold(private_db, "SELECT name FROM singer")
+    assert executor.execute_gold(private_db, "SELECT name FROM singer") is first
+    assert executor.execute_gold(private_db, "SELECT age FROM singer") is not first
+    assert executor.execute(private_db, "SELECT name FROM singer") is not first
 
 
 def test_text_that_is_not_utf8_is_read_without_crashing(tmp_path):
@@ -208,9 +201,9 @@ def test_text_that_is_not_utf8_is_read_without_crashing(tmp_path):
     assert execute(path, "SELECT count(*) FROM t").rows == ((3,),)  # later queries unaffected
 
 
-def test_unusable_arguments_give_verdicts(db, tmp_path):
-    assert execute(db, None).status == "error"
-    assert execute(db, b"SELECT 1").status == "error"
+def test_unusable_arguments_give_verdicts(private_db, tmp_path):
+    assert execute(private_db, None).status == "error"
+    assert execute(private_db, b"SELECT 1").status == "error"
     assert execute(None, "SELECT 1").status == "error"
     not_a_db = tmp_path / "text.sqlite"
     not_a_db.write_text("this is not a database")
@@ -279,11 +272,11 @@ MANY_CALLS = {
 
 
 @pytest.mark.parametrize("name", ONE_SLOW_CALL)
-def test_a_call_sqlite_would_run_for_seconds_gives_sqlites_answer(db, name):
+def test_a_call_sqlite_would_run_for_seconds_gives_sqlites_answer(private_db, name):
     """The guard answers what SQLite's own built-in would (NULL over the length limit)
     without its loop; how long such a query takes: benchmarks/bench_sandbox.py."""
     sql, expected = ONE_SLOW_CALL[name]
-    verdict = SQLExecutor(ExecLimits(timeout_s=1.0)).execute(db, sql)
+    verdict = SQLExecutor(ExecLimits(timeout_s=1.0)).execute(private_db, sql)
     if isinstance(expected, str):
         assert verdict.status == "error" and expected in verdict.error, verdict
     else:
@@ -303,7 +296,7 @@ class TickingClock:
 
 
 @pytest.mark.parametrize("name", MANY_CALLS)
-def test_many_slow_calls_in_one_row_stop_at_the_deadline(db, name, monkeypatch):
+def test_many_slow_calls_in_one_row_stop_at_the_deadline(private_db, name, monkeypatch):
     """The progress handler runs only between loop steps and rows: a row of many long
     built-in calls ran seconds past the limit (200 LIKEs). Each guarded call checks the
     deadline first, so the row stops within it: here the limit is 10 clock readings, which
@@ -312,12 +305,12 @@ def test_many_slow_calls_in_one_row_stop_at_the_deadline(db, name, monkeypatch):
 
     monkeypatch.setattr(sqlrl.sql.executor, "time", TickingClock(tick=0.1))
     executor = SQLExecutor(ExecLimits(timeout_s=1.0))
-    verdict = executor.execute(db, MANY_CALLS[name])
+    verdict = executor.execute(private_db, MANY_CALLS[name])
     assert verdict.status == "timeout" and "1 s limit" in verdict.error, verdict
-    assert executor.execute(db, "SELECT count(*) FROM singer").rows == ((6,),)
+    assert executor.execute(private_db, "SELECT count(*) FROM singer").rows == ((6,),)
 
 
-def test_guarded_built_ins_give_sqlites_own_values_and_errors(db):
+def test_guarded_built_ins_give_sqlites_own_values_and_errors(private_db):
     executor = SQLExecutor()
     sql = (
         "SELECT 'Abc' LIKE 'a%', 'a_c' LIKE 'a!_c' ESCAPE '!', 'abc' GLOB 'a*', "
@@ -334,7 +327,7 @@ def test_guarded_built_ins_give_sqlites_own_values_and_errors(db):
     plain.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, ExecLimits().max_value_bytes)
     expected = tuple(plain.execute(sql).fetchall())
     plain.close()
-    assert executor.execute(db, sql).rows == expected
+    assert executor.execute(private_db, sql).rows == expected
     assert expected[0][:11] == (
         1,
         1,
@@ -349,12 +342,12 @@ def test_guarded_built_ins_give_sqlites_own_values_and_errors(db):
         None,
     )
     like = "SELECT Name FROM singer WHERE Name LIKE '%o%' OR Country GLOB '*[A-F]*'"
-    with sqlite3.connect(f"file:{db}?mode=ro", uri=True) as raw:
-        assert executor.execute(db, like).rows == tuple(raw.execute(like).fetchall())
+    with sqlite3.connect(f"file:{private_db}?mode=ro", uri=True) as raw:
+        assert executor.execute(private_db, like).rows == tuple(raw.execute(like).fetchall())
     raw.close()
     assert (
         "pattern too complex"
-        in executor.execute(db, "SELECT 'a' LIKE '%" + "a" * 2_000 + "'").error
+        in executor.execute(private_db, "SELECT 'a' LIKE '%" + "a" * 2_000 + "'").error
     )
 
 
@@ -386,11 +379,11 @@ MEMORY_HOGS = {
 
 
 @pytest.mark.parametrize("name", MEMORY_HOGS)
-def test_memory_is_bounded_before_it_is_spent(db, name):
+def test_memory_is_bounded_before_it_is_spent(private_db, name):
     """256 MB a query, whatever it holds: the result cap was checked only after a 512-row
     chunk and counted no numbers or NULLs (2,000 blob columns: 1.3 GB)."""
     result = subprocess.run(
-        [sys.executable, "-c", MEMORY_CHILD, str(db)],
+        [sys.executable, "-c", MEMORY_CHILD, str(private_db)],
         input=MEMORY_HOGS[name],
         capture_output=True,
         text=True,
@@ -403,7 +396,7 @@ def test_memory_is_bounded_before_it_is_spent(db, name):
     assert grown_mb < 256, (grown_mb, error)
 
 
-def test_sorts_and_temporary_tables_never_touch_the_disk(db):
+def test_sorts_and_temporary_tables_never_touch_the_disk(private_db):
     """SQLite spilled a big sort to a deleted temporary file (etilqs_*) in /var/tmp or /tmp."""
     sql = (
         RECURSIVE.format(n=200_000)
@@ -424,7 +417,7 @@ def test_sorts_and_temporary_tables_never_touch_the_disk(db):
     watcher = threading.Thread(target=watch)
     watcher.start()
     try:
-        verdict = SQLExecutor(ExecLimits(timeout_s=20.0)).execute(db, sql)
+        verdict = SQLExecutor(ExecLimits(timeout_s=20.0)).execute(private_db, sql)
     finally:
         done.set()
         watcher.join()

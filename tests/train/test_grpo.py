@@ -8,44 +8,13 @@ import json
 import pytest
 import torch
 
-from sqlrl.data.spider import load_examples, load_schemas
-from sqlrl.model.modeling import build_scratch_model, to_transformers_tokenizer, train_tokenizer
-from sqlrl.params import ArchitectureParams, compose_params, params_from_dict
+from sqlrl.params import compose_params, params_from_dict
 from sqlrl.sql.executor import SQLExecutor
 from sqlrl.train.grpo import StepTimer, summarize_log, train_grpo
 from sqlrl.train.grpo_prompts import select_prompts
 from sqlrl.train.merge import merge_adapter
 from sqlrl.train.rewards import make_rewards, reward_functions
-from tests.repo_tools import SPIDER_DIR, grpo_rows
-
-ARCH = ArchitectureParams(
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=512,
-    vocab_size=400,
-)
-
-
-@pytest.fixture(scope="module")
-def rows(spider_dir):
-    """GRPO rows (prompt, gold_sql, db_path) for real train questions, as prepare writes them."""
-    schemas = load_schemas(spider_dir / "tables.json")
-    return grpo_rows(spider_dir, load_examples(spider_dir / "train_spider.json", schemas)[:16])
-
-
-@pytest.fixture(scope="module")
-def tiny_sft(rows, tmp_path_factory):
-    """A tiny Qwen2 model + ChatML tokenizer standing in for models/sft."""
-    texts = [m["content"] for r in rows for m in r["prompt"]] + [r["gold_sql"] for r in rows]
-    tokenizer = to_transformers_tokenizer(train_tokenizer(texts, ARCH.vocab_size))
-    model = build_scratch_model(ARCH, tokenizer, seed=0)
-    path = tmp_path_factory.mktemp("sft")
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+from tests.repo_tools import SPIDER_DIR
 
 
 def _grpo_params(**changes):

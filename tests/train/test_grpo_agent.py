@@ -21,7 +21,7 @@ import torch
 
 from sqlrl.train.grpo import train_grpo
 from sqlrl.train.rewards import reward_functions
-from tests.repo_tools import department_rows, fixed_params, save_tiny_qwen
+from tests.repo_tools import department_rows, fixed_params
 
 PROBE = "SELECT count(*) FROM head"
 
@@ -29,11 +29,6 @@ PROBE = "SELECT count(*) FROM head"
 @pytest.fixture(scope="module")
 def rows(spider_dir):
     return department_rows(spider_dir)
-
-
-@pytest.fixture(scope="module")
-def tiny_qwen(tmp_path_factory):
-    return save_tiny_qwen(tmp_path_factory.mktemp("sft_qwen"))
 
 
 def scripted_generate(tokenizer, rows, transcripts, turns=None):

@@ -1,9 +1,10 @@
 """GRPO resume (grpo.resume): a run interrupted after a checkpoint continues from it when
 nothing it computes from changed, and starts fresh when its params, seed, prompts or SFT
-model did. The tiny model and real train questions of tests/train/test_grpo.py."""
+model did. The tiny model and real train questions of tests/train/conftest.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -13,11 +14,7 @@ from sqlrl.train.checkpoints import FINGERPRINT_FILE, checkpoint_to_resume, last
 from sqlrl.train.grpo import grpo_fingerprint as run_fingerprint
 from sqlrl.train.grpo import train_grpo
 from sqlrl.train.rewards import reward_functions
-from tests.repo_tools import SPIDER_DIR
-from tests.train import test_grpo
-
-rows = test_grpo.rows  # the same fixtures: real train questions, a tiny SFT model
-tiny_sft = test_grpo.tiny_sft
+from tests.repo_tools import SPIDER_DIR, fixed_params
 
 
 class Interrupted(Exception):
@@ -28,7 +25,7 @@ def _params(**changes):
     settings = dict(
         steps=4, batch_size=4, num_generations=2, max_completion_length=8, save_steps=1, resume=True
     )
-    return test_grpo._grpo_params(**{**settings, **changes})
+    return dataclasses.replace(fixed_params().grpo, **{**settings, **changes})
 
 
 def _counting(rewards, calls: list, interrupt_at: int | None = None) -> list:

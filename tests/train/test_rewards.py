@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -23,15 +22,6 @@ def relative_db(spider_dir) -> str:
     """concert_singer as the dataset column holds it: relative to the repo root."""
     path = spider_dir / "database" / "concert_singer" / "concert_singer.sqlite"
     return path.relative_to(REPO_ROOT).as_posix()
-
-
-@pytest.fixture
-def private_db(spider_dir, tmp_path) -> Path:
-    folder = tmp_path / "db"
-    folder.mkdir()
-    target = folder / "concert_singer.sqlite"
-    shutil.copyfile(spider_dir / "database" / "concert_singer" / "concert_singer.sqlite", target)
-    return target
 
 
 @pytest.fixture(scope="module")
