@@ -124,3 +124,14 @@ def test_outside_a_git_checkout_the_working_tree_is_read(tmp_path):
     inner.mkdir()
     (inner / "f.txt").write_text("inner\n")
     assert committed_text("f.txt", inner) == "inner\n"
+
+
+def test_the_layout_names_every_part_of_the_package():
+    """A newcomer finds every folder and module of sqlrl/ in the README's layout section: a
+    module added without a line there fails here, naming it."""
+    layout = re.search(r"## Layout\n\n```\n(.*?)```", README, re.S).group(1)
+    named = set(re.findall(r"[\w/]+(?:\.py|/)", layout))
+    package = REPO_ROOT / "sqlrl"
+    parts = {p.name + "/" for p in package.iterdir() if (p / "__init__.py").is_file()}
+    parts |= {p.name for p in package.glob("*.py") if p.name != "__init__.py"}
+    assert sorted(parts - named) == []
