@@ -357,6 +357,19 @@ def _grammar_text(schema: Schema, sqlite) -> str:
 # --------------------------------------------------------------------------- compiled
 
 
+def _xgrammar():
+    """The xgrammar module, or GrammarUnavailable where it is not installed: it is not in the
+    default CPU install (docs/grammar.md says why and how to add it)."""
+    try:
+        import xgrammar
+    except ImportError as exc:
+        raise GrammarUnavailable(
+            f"xgrammar is not installed ({exc}): pip install --no-deps xgrammar==0.2.8 "
+            "apache-tvm-ffi==0.1.15.post2"
+        ) from None
+    return xgrammar
+
+
 @dataclass(frozen=True)
 class CacheInfo:
     hits: int
@@ -380,18 +393,15 @@ class _Cache:
         self.lock = threading.Lock()
 
     def compiler(self, tokenizer_info):
-        import xgrammar
-
         held = self.compilers.get(id(tokenizer_info))
         if held is None or held[0] is not tokenizer_info:
             # xgrammar's own cache is off: this one is keyed and bounded as documented above
-            compiler = xgrammar.GrammarCompiler(tokenizer_info, cache_enabled=False)
+            compiler = _xgrammar().GrammarCompiler(tokenizer_info, cache_enabled=False)
             held = self.compilers[id(tokenizer_info)] = (tokenizer_info, compiler)
         return held[1]
 
     def get(self, text: str, tokenizer_info):
-        import xgrammar
-
+        xgrammar = _xgrammar()
         key = (id(tokenizer_info), hashlib.sha256(text.encode("utf-8")).hexdigest())
         with self.lock:
             entry = self.entries.get(key)
@@ -438,7 +448,7 @@ def grammar_or_none(schema: Schema, tokenizer_info=None, logger: logging.Logger 
     try:
         if tokenizer_info is None:
             text = grammar_text(schema)
-            _CACHE.get(text, _string_tokenizer())  # xgrammar must accept the text vLLM gets
+            _CACHE.get(text, _string_tokenizer())  # xgrammar must read the text vLLM gets
             return text
         return compiled_grammar(schema, tokenizer_info)
     except GrammarUnavailable as exc:
@@ -450,17 +460,13 @@ def grammar_or_none(schema: Schema, tokenizer_info=None, logger: logging.Logger 
 def _string_tokenizer():
     """A TokenizerInfo without tokens: a matcher compiled with it matches text, not tokens
     (xgrammar's own tests match strings this way), and compiles in milliseconds."""
-    import xgrammar
-
-    return xgrammar.TokenizerInfo([])
+    return _xgrammar().TokenizerInfo([])
 
 
 def matcher_for(schema: Schema):
     """A GrammarMatcher of `schema`'s grammar that matches strings (see `accepts`)."""
-    import xgrammar
-
     compiled = _CACHE.get(grammar_text(schema), _string_tokenizer())
-    return xgrammar.GrammarMatcher(compiled, terminate_without_stop_token=True)
+    return _xgrammar().GrammarMatcher(compiled, terminate_without_stop_token=True)
 
 
 def accepts(sql: str, matcher) -> bool:
