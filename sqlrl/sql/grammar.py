@@ -19,8 +19,9 @@ What the grammar covers (docs/grammar.md has the measured coverage of the gold q
   [NULLS FIRST|LAST], LIMIT / OFFSET.
 - Expressions: the SQLite operators, AND/OR/NOT, [NOT] LIKE/GLOB [ESCAPE], [NOT] BETWEEN,
   [NOT] IN (list or subquery), IS [NOT], ISNULL/NOTNULL, [NOT] EXISTS, CASE, CAST(x AS type),
-  COLLATE, SQLite's built-in functions by name (FUNCTIONS: aggregates, the string, date and
-  math functions BIRD's gold uses, window functions with OVER (PARTITION BY ... ORDER BY ...)).
+  COLLATE NOCASE/BINARY/RTRIM, SQLite's built-in functions by name (FUNCTIONS: aggregates,
+  the string, date and math functions BIRD's gold uses, window functions with OVER
+  (PARTITION BY ... ORDER BY ...)).
 - Keywords and names in any letter case (SQLite compares both case-insensitively; the grammar
   spells each letter as a class such as [sS]); whitespace (spaces, tabs, newlines) where SQL
   allows it and required between two words; an optional trailing semicolon.
@@ -30,9 +31,10 @@ Names (the constraint):
 - A table is one of the database's tables: bare (where SQL allows the name unquoted), or in
   "...", `...` or [...] quotes.
 - A bare column is one of the database's columns (any table's); after `table.` only that
-  table's columns (or `*`); after an alias (`T1.`), any column of the database.
+  table's columns (or `*` as a result column); after an alias (`T1.`), any column of the
+  database (a context-free grammar cannot know which table T1 stands for).
 - Table aliases are of the form ALIAS_PATTERN (T, T1, t2, ...), declared with or without AS:
-  what the gold queries use (every table alias of Spider, all but 5 of BIRD dev's). A
+  what the gold queries use (every table alias of Spider, all but 4 queries' of BIRD dev). A
   qualifier (the part before the dot) is a table's name or such an alias, so that `x.col`
   with an arbitrary x is no way round the column restriction, and an alias written without
   AS cannot swallow a keyword (`FROM singer WHERE` must go on). Result-column aliases take
@@ -53,9 +55,10 @@ Names (the constraint):
   double-quoted name as a string); the first operand of an expression (a result column, the
   left side of a comparison) cannot be one, so `SELECT "nosuchcolumn"` is refused.
 
-Bad input: a schema without tables, or a name that cannot be written in SQL (empty, with a NUL
-or other control character), gives `GrammarUnavailable`; callers decode unconstrained and log
-its reason.
+Bad input: a schema without tables or columns, or a name that cannot be written in SQL (empty,
+with a NUL or other control character), gives `GrammarUnavailable`, and so does an xgrammar
+that is not installed (it is not in the default CPU install: docs/grammar.md); callers decode
+unconstrained and log its reason (`grammar_or_none` does both).
 """
 
 from __future__ import annotations
