@@ -361,14 +361,13 @@ def _grammar_text(schema: Schema, sqlite) -> str:
 
 
 def _xgrammar():
-    """The xgrammar module, or GrammarUnavailable where it is not installed: it is not in the
-    default CPU install (docs/grammar.md says why and how to add it)."""
+    """The xgrammar module, or GrammarUnavailable where it is not installed (requirements.txt
+    has it; an environment of the user's own may not)."""
     try:
         import xgrammar
     except ImportError as exc:
         raise GrammarUnavailable(
-            f"xgrammar is not installed ({exc}): pip install --no-deps xgrammar==0.2.8 "
-            "apache-tvm-ffi==0.1.15.post2"
+            f"xgrammar is not installed ({exc}): pip install xgrammar==0.2.8"
         ) from None
     return xgrammar
 

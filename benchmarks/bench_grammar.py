@@ -1,7 +1,7 @@
 """Time the grammar per database against Qwen2.5's real tokenizer: compile once, then the cost
 of each decoding step.
 
-    python tests/benchmarks/bench_grammar.py [--raw data/raw] [--threads 2]
+    python benchmarks/bench_grammar.py [--raw data/raw] [--threads 2]
 
 For each Spider dev database (the 20 the dev questions use), then each BIRD dev database
 present (3 of 11; the medians are the Spider ones): the grammar's size, the time to
@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repo root
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root
 
 from sqlrl.benchmarks.sets import load_set  # noqa: E402
 from sqlrl.data.spider import load_examples, load_schemas  # noqa: E402
@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     raw = Path(args.raw)
     schemas = load_schemas(raw / "spider" / "tables.json")
     dev = load_examples(raw / "spider" / "dev.json", schemas)
-    bird_spec = load_params(Path(__file__).resolve().parents[2] / "params.yaml").eval.sets
+    bird_spec = load_params(Path(__file__).resolve().parents[1] / "params.yaml").eval.sets
     bird, bird_schemas, bird_dbs = load_set("bird_dev", bird_spec["bird_dev"], raw)
     bird = [e for e in bird if bird_dbs.path(e.db_id).is_file()]
     tokenizer = build_qwen25_tokenizer()

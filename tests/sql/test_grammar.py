@@ -6,12 +6,10 @@ The gold queries are matched as text, with a matcher compiled against a vocabula
 tokens (xgrammar matches strings byte by byte whatever the vocabulary, as its own tests do):
 a database compiles in milliseconds that way, against about 0.3 s for Qwen2.5's 151,665
 tokens, and the answer is the same. The token-level tests below use a small vocabulary of
-their own, and tests/benchmarks/bench_grammar.py times Qwen2.5's.
+their own, and benchmarks/bench_grammar.py times Qwen2.5's.
 
-xgrammar is not in the default CPU install (its wheel asks for triton; docs/grammar.md): the
-tests that compile a grammar need it (requirements-vllm-cpu.txt has it, or `pip install
---no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2`) and say so when they skip; the
-grammar's text and the fallback without xgrammar are tested everywhere.
+xgrammar is in the default install (requirements.txt): these tests never skip; the fallback
+of an environment without it is tested by hiding the module.
 """
 
 from __future__ import annotations
@@ -46,20 +44,6 @@ from tests.repo_tools import REPO_ROOT
 
 MIN_ACCEPTED = 0.995  # the issue's bar, per set
 
-
-def _xgrammar_installed() -> bool:
-    try:
-        import xgrammar  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-NEEDS_XGRAMMAR = pytest.mark.skipif(
-    not _xgrammar_installed(),
-    reason="xgrammar is not installed: pip install --no-deps xgrammar==0.2.8 "
-    "apache-tvm-ffi==0.1.15.post2 (docs/grammar.md)",
-)
 
 # Every gold query a grammar refuses, by set and the reader's `source` (file [index]), with
 # its family; docs/grammar.md explains each. A refusal not listed here is a grammar bug, and a
@@ -139,7 +123,6 @@ def _refused(examples, schemas) -> list:
     return refused
 
 
-@NEEDS_XGRAMMAR
 @pytest.mark.parametrize("name", list(KNOWN_REFUSALS))
 def test_the_gold_queries_pass_their_database_grammar(gold_sets, name):
     examples, schemas, locate = gold_sets[name]
@@ -211,7 +194,6 @@ def shop():
         "WITH old AS (SELECT name, age AS years FROM singer) SELECT name, years FROM old",
     ],
 )
-@NEEDS_XGRAMMAR
 def test_the_sql_the_benchmarks_write_is_accepted(shop, sql):
     assert accepts(sql, shop)
 
@@ -242,7 +224,6 @@ def test_the_sql_the_benchmarks_write_is_accepted(shop, sql):
         "SELECT avg(n) FROM (SELECT count(*) AS n FROM singer)",  # QUERY_NAME: see the docs
     ],
 )
-@NEEDS_XGRAMMAR
 def test_names_outside_the_schema_and_malformed_sql_are_refused(shop, sql):
     assert not accepts(sql, shop)
 
@@ -263,7 +244,6 @@ def test_a_schema_that_yields_no_grammar_says_why():
     assert grammar_text(SHOP) == grammar_text(Schema("shop", SHOP.tables, ()))
 
 
-@NEEDS_XGRAMMAR
 def test_the_caller_falls_back_with_a_logged_reason(caplog):
     with caplog.at_level(logging.WARNING, logger="sqlrl.grammar"):
         assert grammar_or_none(Schema("empty", (), ())) is None
@@ -299,7 +279,6 @@ def _allowed(matcher, vocab) -> set[str]:
     return {tok for i, tok in enumerate(vocab) if (int(bitmask[0, i // 32]) >> (i % 32)) & 1}
 
 
-@NEEDS_XGRAMMAR
 def test_one_compile_per_database_and_the_mask_keeps_decoding_inside_the_schema():
     import xgrammar
 
@@ -322,7 +301,6 @@ def test_one_compile_per_database_and_the_mask_keeps_decoding_inside_the_schema(
     assert "</s>" in _allowed(matcher, vocab)  # a whole query: decoding may stop
 
 
-@NEEDS_XGRAMMAR
 def test_the_compiled_grammar_drives_transformers_generate_through_xgrammar():
     import torch
     import xgrammar.contrib.hf
