@@ -16,6 +16,7 @@ COMMANDS = [
     ["-m", "sqlrl.params"],
     ["-m", "sqlrl.eval.score"],
     ["-m", "sqlrl.eval.report"],
+    ["-m", "sqlrl.eval.compare"],
     ["-m", "sqlrl.serve"],
     ["-m", "sqlrl.feedback"],
     ["scripts/gpu_rehearsal.py"],

@@ -8,7 +8,11 @@ it excludes zero, the difference is unlikely to be an accident of which question
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
+
+from sqlrl.jsonio import read_jsonl, write_json
 
 RESAMPLES = 10_000
 
@@ -62,3 +66,58 @@ def compare_predictions(
             [b["ex"] for b, _ in telling], [c["ex"] for _, c in telling], seed
         )
     return result
+
+
+def _ex(rows: list[dict]) -> float | None:
+    scored = [r["ex"] for r in rows if r.get("ex") is not None]
+    return round(sum(scored) / len(scored), 4) if scored else None
+
+
+def compare_files(pairs: list[tuple[str, str]], seed: int = 0) -> dict:
+    """{candidate file: its EX, the baseline's, and compare_predictions} for each (baseline,
+    candidate) pair of prediction files: the same interval the evaluate stage writes as
+    `vs_<name>`, for any two runs (a setting's effect, a seed's)."""
+    report = {}
+    for baseline, candidate in pairs:
+        b_rows, c_rows = read_jsonl(baseline), read_jsonl(candidate)
+        report[candidate] = {
+            "baseline": baseline,
+            "baseline_ex": _ex(b_rows),
+            "candidate_ex": _ex(c_rows),
+            **compare_predictions(b_rows, c_rows, seed),
+        }
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m sqlrl.eval.compare",
+        description="Paired bootstrap of EX between prediction files (data/predictions/*.jsonl "
+        "of two runs): BASELINE CANDIDATE [BASELINE CANDIDATE ...]",
+    )
+    parser.add_argument("files", nargs="+", help="pairs: baseline.jsonl candidate.jsonl ...")
+    parser.add_argument("--out", help="write the report as JSON here")
+    parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed")
+    args = parser.parse_args(argv)
+    if len(args.files) % 2:
+        parser.error(f"give pairs of files (baseline candidate); got {len(args.files)} files")
+    pairs = list(zip(args.files[::2], args.files[1::2], strict=True))
+    try:
+        report = compare_files(pairs, args.seed)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}")
+        return 1
+    for candidate, r in report.items():
+        ci = r["ci95"] or [0, 0]
+        print(
+            f"{candidate}: EX {r['baseline_ex']:.1%} -> {r['candidate_ex']:.1%}, "
+            f"{r['diff']:+.1%} [{ci[0]:+.1%}, {ci[1]:+.1%}] on {r['n']} "
+            f"({r['wins']} won, {r['losses']} lost)"
+        )
+    if args.out:
+        write_json(args.out, report)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

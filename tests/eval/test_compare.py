@@ -58,3 +58,27 @@ def test_the_comparison_is_repeated_without_trivial_gold_questions():
     assert result["diff"] == 0.5 and result["excludes_zero"]
     assert result["nontrivial"]["n"] == 20 and result["nontrivial"]["diff"] == 0.0
     assert not result["nontrivial"]["excludes_zero"]
+
+
+def test_the_command_compares_two_runs_prediction_files(tmp_path, capsys):
+    """`python -m sqlrl.eval.compare BASE CAND`: what a setting changed, with its interval, as a
+    line and as JSON; a lone file or a missing one is a clear error."""
+    import json
+
+    from sqlrl.eval.compare import main
+    from sqlrl.jsonio import write_jsonl
+
+    rows = lambda exs: [{"question": f"q{i}", "db_id": "d", "ex": e} for i, e in enumerate(exs)]  # noqa: E731
+    base, cand = tmp_path / "base.jsonl", tmp_path / "cand.jsonl"
+    write_jsonl(base, rows([0] * 100))
+    write_jsonl(cand, rows([1] * 30 + [0] * 70))
+    out = tmp_path / "report.json"
+    assert main([str(base), str(cand), "--out", str(out), "--seed", "1"]) == 0
+    assert "EX 0.0% -> 30.0%, +30.0% [" in capsys.readouterr().out
+    report = json.loads(out.read_text())[str(cand)]
+    assert report["diff"] == 0.3 and report["excludes_zero"] and report["baseline_ex"] == 0.0
+    with pytest.raises(SystemExit) as exit_:
+        main([str(base)])
+    assert exit_.value.code == 2
+    assert main([str(base), str(tmp_path / "absent.jsonl")]) == 1
+    assert "absent.jsonl" in capsys.readouterr().out
