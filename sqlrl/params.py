@@ -46,6 +46,10 @@ RESERVED_SET_NAMES = {"dev", "heldout", "generation"}
 # call tools (their Format's `calls_tools`)
 ROLLOUTS = ("sql", "reasoning", "agent")
 TOOL_ROLLOUTS = ("agent",)
+# the formats whose whole completion is one query, the one sqlrl/sql/grammar.py's grammar
+# describes (eval.constrained); their Format's `grammar_constrained`, checked by
+# tests/eval/test_constrained.py
+CONSTRAINED_ROLLOUTS = ("sql",)
 REWARD_IMPORT = r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$"  # package.module:function
 
 
@@ -347,6 +351,7 @@ class EvalParams:
     num_samples: Positive
     temperature: NonNegative
     schema_repair: Bool
+    constrained: Bool
     vote_models: list[Str]
     sets: dict[Annotated[StrictStr, Field(pattern=SET_NAME)], EvalSetParams]
 
@@ -381,7 +386,8 @@ class Params:
 
     def __post_init__(self):
         """What needs two sections: each step's split over launch.num_processes, a chat
-        template with tools for the agent rollout, agent rollouts whose vLLM generation is
+        template with tools for the agent rollout, constrained evaluation only for the `sql`
+        format (eval.constrained), agent rollouts whose vLLM generation is
         not a collective across processes, a vLLM context that holds the longest prompt
         prepare may write plus a completion, and no training set that is also an evaluation
         set."""
@@ -389,6 +395,13 @@ class Params:
         self.sft.per_process(world)
         self.grpo.per_process(world)
         self._check_agent_vllm(world)
+        if self.eval.constrained and self.grpo.rollout not in CONSTRAINED_ROLLOUTS:
+            raise ParamsError(
+                f"eval.constrained covers the {'/'.join(CONSTRAINED_ROLLOUTS)} answer format "
+                f"only: its grammar is a whole completion that is one query, and "
+                f"grpo.rollout {self.grpo.rollout} writes text around the query (set "
+                "eval.constrained=false; docs/grammar.md)"
+            )
         if (
             self.grpo.rollout in TOOL_ROLLOUTS
             and self.base.source == "scratch"

@@ -122,7 +122,7 @@ def _summary(name: str, metrics: dict) -> str:
         f"{_pct(dev['ex_nontrivial'])}) EM {_pct(dev['em'])} "
         f"on {dev['n']} ({dev['skipped']} skipped; EX with skipped as wrong "
         f"{_pct(dev['ex_all'])} of {dev['n'] + dev['skipped']}), "
-        f"{dev['examples_per_second']} examples/s"
+        f"{dev['examples_per_second']} examples/s{_names(dev)}"
     )
     if "heldout" in metrics:
         held = metrics["heldout"]
@@ -135,8 +135,24 @@ def _summary(name: str, metrics: dict) -> str:
         if name not in ("dev", "heldout") and isinstance(split, dict) and "ex" in split:
             maj = f", maj@{split['maj']['k']} {_pct(split['maj']['ex'])}" if "maj" in split else ""
             line += f"; {name} EX {_pct(split['ex'])}{maj} on {split['n']}"
-            line += f" ({split['skipped']} skipped)"
+            line += f" ({split['skipped']} skipped){_names(split)}"
     return line
+
+
+def _names(split: dict) -> str:
+    """The split's answers naming a table or column their database lacks and, with
+    eval.constrained, how its questions decoded (docs/grammar.md)."""
+    if split.get("absent_identifier_share") is None:
+        return ""
+    note = f", absent names {_pct(split['absent_identifier_share'])}"
+    grammar = split.get("constrained")
+    if grammar:
+        dead = "" if grammar["dead_ends"] is None else f", {grammar['dead_ends']} dead ends"
+        note += (
+            f" [constrained {grammar['grammar_rows']}, fallback {grammar['fallback_rows']}, "
+            f"unfinished {grammar['unfinished']}{dead}, compile {grammar['compile_seconds']}s]"
+        )
+    return note
 
 
 def _pct(value) -> str:

@@ -21,6 +21,11 @@
   tool_calls_per_episode, turns_per_episode, failed_tool_call_share, no_answer_share), and an
   agent's prediction rows carry the `trace` (each probe's query and observation, the final
   SQL). The `sql` format's files are byte for byte what they were before formats existed.
+- Schema-constrained decoding (`eval.constrained`, the `sql` format only; docs/grammar.md):
+  each question decodes under its own database's grammar (sqlrl/sql/grammar.py), built from
+  the same tables file as its prompt, so that every table and column name it writes is one
+  of that database's. A question whose schema yields no grammar decodes unconstrained in its
+  batch, its reason logged and counted.
 - Self-consistency (`eval.num_samples` > 1): N completions sampled per question at
   `eval.temperature` (seeded), each executed read-only; the answer is a query from the largest
   group of candidates with the same result (ties: the group seen first), as in SQL-R1 and
@@ -35,7 +40,11 @@ soft_f1 (BIRD-format sets: BIRD mini_dev's Soft-F1, also per difficulty),
 failures (sql_error, timeout: predictions that did not run; not "error", a key DVC reads as a
 failed metrics file),
 executable (share of scored predictions that ran without error), generation_seconds,
-examples_per_second, repaired (with schema repair). Each split's metrics are under its name
+examples_per_second, repaired (with schema repair), absent_identifier_share (every run: the
+share of answers, before schema repair, that name a table or column their database lacks;
+sqlrl/sql/identifiers.py) with absent_identifier_rows and unparsed_share, and with
+eval.constrained `constrained` (grammar_rows, fallback_rows, fallback_reasons, unfinished,
+dead_ends, compile_seconds: `_grammar_metrics`). Each split's metrics are under its name
 ({"dev": {...}, "heldout": {...}}; a split other than dev without rows is left out), next to
 "generation" (the decoding settings used). `headline` picks the few numbers DVC's default
 views show.
@@ -43,7 +52,9 @@ views show.
 
 from __future__ import annotations
 
+import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +69,8 @@ from sqlrl.formats import get_format
 from sqlrl.jsonio import read_jsonl
 from sqlrl.sql.judge import default_workers
 
+log = logging.getLogger(__name__)
+
 PRIMARY_SPLIT = "dev"
 # failures in the metrics: the scorer's verdict names, but no key `error` (DVC reads one as a
 # metrics file it failed to load)
@@ -70,6 +83,21 @@ EVAL_ROW_KEYS = ("question", "gold", "db_id", "prompt")  # what prepare writes f
 
 class DatabaseFileError(PipelineError):
     """A Spider database file is present but cannot be read."""
+
+
+class ConstrainedFormatError(PipelineError):
+    """eval.constrained asked of a model whose answer format the grammar does not cover."""
+
+
+def check_constrained_format(answer_format: AnswerFormat, model: object = "the model") -> None:
+    """ConstrainedFormatError unless the grammar covers the format's completions: one that
+    writes text around its query (reasoning, agent) would have that text masked away."""
+    if not get_format(answer_format.rollout).grammar_constrained:
+        raise ConstrainedFormatError(
+            f"eval.constrained: {model} answers in the {answer_format.rollout!r} format, "
+            "which writes text around its query; the grammar covers a completion that is one "
+            "query (the `sql` format) only (docs/grammar.md)"
+        )
 
 
 def check_gold_databases(rows: list[dict], items: list[dict]) -> None:
@@ -145,6 +173,7 @@ def answer_questions(
     seed: int,
     fix: Callable[[int, str], str] | None,
     benchmark: Benchmark = SPIDER,
+    grammars: list | None = None,
 ) -> Answers:
     """The answers to `messages` (each in the model's format): `loop`, the format's inference
     loop (plain generation, or the agent's tool loop on each question's database), gives
@@ -152,12 +181,16 @@ def answer_questions(
     the server and TextToSQL share (sqlrl.answer) with the format's extractor: greedy
     (extract, then repair) or, with num_samples > 1, repair every candidate and vote by
     execution result (grouped by the `benchmark`'s rule). A tool loop's chosen episode's
-    trace goes with its answer; the format adds its metrics (`stats`)."""
+    trace goes with its answer; the format adds its metrics (`stats`). `grammars`: one per
+    question for a generator that decodes under a grammar (eval.constrained, a plain loop)."""
     if not messages:
         return Answers([], [], [], None, 0.0)
     start = time.perf_counter()
     sampled = temperature if num_samples > 1 else 0.0  # one answer: greedy
-    asked = loop.ask(messages, db_paths, n=num_samples, temperature=sampled, seed=seed)
+    constrained = {} if grammars is None else {"grammars": grammars}
+    asked = loop.ask(
+        messages, db_paths, n=num_samples, temperature=sampled, seed=seed, **constrained
+    )
     seconds = time.perf_counter() - start
     samples = [question.texts for question in asked]
     answers = _picked(samples, db_paths, num_samples, fix, benchmark, answer_format.extract)
@@ -193,16 +226,93 @@ class Asker:
         return answer_questions(messages, db_paths, self.loop, self.format, **decode)
 
 
-def _schema_fixer(rows: list[dict], todo: list[int], tables_json: str | Path):
+def _schema_fixer(rows: list[dict], todo: list[int], schemas: dict):
     """eval.schema_repair's repairer for the questions in `todo` (index -> SQL -> SQL)."""
-    from sqlrl.data.spider import load_schemas
     from sqlrl.sql.schema_repair import repairer
 
-    return repairer(
-        load_schemas(Path(tables_json)),
-        [rows[i]["db_id"] for i in todo],
-        [rows[i]["question"] for i in todo],
-    )
+    return repairer(schemas, [rows[i]["db_id"] for i in todo], [rows[i]["question"] for i in todo])
+
+
+@dataclass
+class RowGrammars:
+    """eval.constrained's grammar for each question of a split (None: unconstrained) and what
+    building them cost: the fallbacks' reasons per question, the seconds spent compiling."""
+
+    grammars: list
+    fallback_reasons: Counter
+    compile_seconds: float
+
+
+NO_GRAMMARS = RowGrammars([], Counter(), 0.0)  # a split without a question to ask
+
+
+def row_grammars(generator, db_ids: list[str], schemas: dict, tables_json) -> RowGrammars:
+    """Each question's grammar from its database's schema (`schemas`: the tables file its
+    prompt was built from), built once per database by the generator (`grammar_for`: the
+    compiled grammar for transformers, the text for vLLM). A database without a schema in
+    the file, or whose schema yields no grammar (GrammarUnavailable: a name SQL cannot
+    write, no xgrammar), gets None: its questions decode unconstrained, the reason logged
+    once per database and counted per question."""
+    from sqlrl.sql.grammar import GrammarUnavailable
+
+    grammar_for = getattr(generator, "grammar_for", None)
+    if grammar_for is None:
+        raise PipelineError(
+            f"eval.constrained: the generator {type(generator).__name__} cannot decode under a "
+            "grammar (it has no grammar_for)"
+        )
+    built: dict[str, tuple[object, str | None]] = {}
+    seconds = 0.0
+    for db_id in dict.fromkeys(db_ids):
+        schema = schemas.get(db_id)
+        start = time.perf_counter()
+        if schema is None:
+            built[db_id] = (None, f"no schema for the database in {Path(tables_json).name}")
+        else:
+            try:
+                built[db_id] = (grammar_for(schema), None)
+            except GrammarUnavailable as exc:
+                built[db_id] = (None, str(exc))
+        seconds += time.perf_counter() - start
+        reason = built[db_id][1]
+        if reason is not None:
+            log.warning(
+                "no grammar for database %r, its %d question(s) decode unconstrained: %s",
+                db_id,
+                db_ids.count(db_id),
+                reason,
+            )
+    reasons = Counter(built[d][1] for d in db_ids if built[d][1] is not None)
+    return RowGrammars([built[d][0] for d in db_ids], reasons, seconds)
+
+
+def _grammar_metrics(
+    built: RowGrammars, outputs: list[str], row_schemas: list, dead_ends: int | None
+) -> dict:
+    """eval.constrained's counts for one split: questions decoded under a grammar, those that
+    fell back (and why), the constrained answers the grammar does not accept as a whole
+    query at their end (`unfinished`: cut at max_new_tokens, or a dead end), the dead ends
+    the transformers backend saw (no token allowed, the answer ended there; None where the
+    backend cannot tell: vLLM), and the seconds spent building grammars (a database compiled
+    for an earlier split is not compiled again)."""
+    from sqlrl.sql.grammar import accepts, matcher_for
+
+    constrained = [k for k, g in enumerate(built.grammars) if g is not None]
+    matchers: dict = {}
+    unfinished = 0
+    for k in constrained:
+        schema = row_schemas[k]
+        if schema.db_id not in matchers:
+            matchers[schema.db_id] = matcher_for(schema)
+        unfinished += not accepts(outputs[k], matchers[schema.db_id])
+    return {
+        "grammar_rows": len(constrained),
+        "fallback_rows": len(built.grammars) - len(constrained),
+        "fallback_reasons": dict(sorted(built.fallback_reasons.items())),
+        "unfinished": unfinished,
+        "dead_ends": dead_ends,
+        "compile_seconds": round(built.compile_seconds, 3),
+    }
 
 
 EMPTY_REPORT = {
@@ -321,18 +431,34 @@ def evaluate_split(
     workers: int | None = None,
     answer_format: AnswerFormat | None = None,
     tokenizer=None,
+    constrained: bool = False,
 ) -> tuple[dict, list[dict]]:
     """Generate greedily, extract, (repair,) score one split by its `benchmark`'s rule:
     (metrics, prediction rows in input order). With vote_samples k > 1, also sample k answers
     per question and vote by result: maj@k goes next to greedy, in `maj` and in each row.
-    `answer_format`: the model's (default `sql`); the agent's needs the `tokenizer`."""
+    `answer_format`: the model's (default `sql`); the agent's needs the `tokenizer`.
+    `constrained`: each question decodes under its database's grammar (`row_grammars`)."""
+    from sqlrl.data.spider import load_schemas
+    from sqlrl.sql.identifiers import absent_identifier_stats
+
+    answer_format = answer_format or AnswerFormat()
+    if constrained:
+        check_constrained_format(answer_format)
     todo = [i for i, row in enumerate(rows) if row.get("prompt") and row.get("db_present", True)]
-    fix = _schema_fixer(rows, todo, tables_json) if schema_repair else None
+    schemas = load_schemas(Path(tables_json)) if todo else {}
+    row_schemas = [schemas.get(rows[i]["db_id"]) for i in todo]
+    fix = _schema_fixer(rows, todo, schemas) if schema_repair else None
     tokens_before = getattr(generator, "generated_tokens", None)
-    asker = Asker(generator, render, answer_format or AnswerFormat(), tokenizer) if todo else None
+    asker = Asker(generator, render, answer_format, tokenizer) if todo else None
     messages = [rows[i]["prompt"] for i in todo]
     db_paths = [rows[i]["db_path"] for i in todo]
+    built = None
     decode = dict(temperature=temperature, seed=seed, fix=fix, benchmark=benchmark)
+    if constrained:  # no question to ask: no generator either
+        db_ids = [rows[i]["db_id"] for i in todo]
+        built = row_grammars(generator, db_ids, schemas, tables_json) if todo else NO_GRAMMARS
+        decode["grammars"] = built.grammars
+    dead_ends_before = getattr(generator, "grammar_dead_ends", None)
     answers = (
         asker.answer(messages, db_paths, num_samples=1, **decode)
         if asker
@@ -342,6 +468,13 @@ def evaluate_split(
     predictions = _prediction_rows(rows, todo, answers, report)
     metrics = _split_metrics(predictions, report, answers, len(todo), 1)
     metrics.update(answers.stats)
+    # the model's own SQL: what schema repair (when on) is given, not what it made of it
+    metrics.update(absent_identifier_stats(answers.unrepaired or answers.sqls, row_schemas))
+    if built is not None:
+        dead_ends = None
+        if dead_ends_before is not None:
+            dead_ends = generator.grammar_dead_ends - dead_ends_before
+        metrics["constrained"] = _grammar_metrics(built, answers.outputs, row_schemas, dead_ends)
     if fix is not None:
         metrics["repaired"] = sum(
             "before_repair" in p for p in predictions if p["status"] != "skipped"
@@ -437,7 +570,9 @@ def evaluate_model(
     (a required split always, another only when it has rows). `generator`/`render` replace the
     model (tests, or a caller that already holds one; an agent-format model's also needs its
     `tokenizer`); otherwise `make_generator` loads model_dir. The model is asked in the
-    answer format its folder records (read_answer_format: `sql` without one).
+    answer format its folder records (read_answer_format: `sql` without one); with
+    eval.constrained that format must be one the grammar covers (`sql`), else
+    ConstrainedFormatError before the model loads.
     """
     splits = {name: _as_split(name, split, spider_dir) for name, split in splits.items()}
     data = {
@@ -445,6 +580,8 @@ def evaluate_model(
         for name, split in splits.items()
     }
     answer_format = read_answer_format(model_dir)  # a bad record stops here, before loading
+    if params.constrained:  # before the model loads
+        check_constrained_format(answer_format, model_dir)
     if generator is None and any(row.get("prompt") for rows in data.values() for row in rows):
         generator, render, tokenizer = _load_generator(model_dir, params, seed, progress, render)
     if generator is not None and render is None:
@@ -470,6 +607,7 @@ def evaluate_model(
             workers=workers,
             answer_format=answer_format,
             tokenizer=tokenizer,
+            constrained=params.constrained,
         )
         if split.required or rows:
             metrics[name] = split_metrics

@@ -35,6 +35,10 @@ class Format:
     reports: bool = True
     # sqlrl_prompt.json fields of the format that the server's /health shows
     recorded: tuple[str, ...] = ("rollout",)
+    # whether the whole completion is one query, what sqlrl/sql/grammar.py's grammar describes:
+    # only then can eval.constrained decode it under its database's grammar (a format that
+    # writes text around its query would need a root rule around the grammar's: not built)
+    grammar_constrained: bool = False
 
     def __repr__(self) -> str:
         return f"<answer format {self.name!r}>"
@@ -214,16 +218,22 @@ class PlainLoop:
         n: int = 1,
         temperature: float = 0.0,
         seed: int = 0,
+        grammars: list | None = None,
     ) -> list[Asked]:
-        """One Asked per prompt (chat messages in the format); no database is read."""
-        texts = self._generate([self.render(m) for m in prompts], n, temperature, seed)
+        """One Asked per prompt (chat messages in the format); no database is read.
+        `grammars`: one per prompt for a generator that decodes under a grammar (its
+        `grammar_for`'s, None for unconstrained); without it the generator is called as
+        every generator can be."""
+        rendered = [self.render(m) for m in prompts]
+        texts = self._generate(rendered, n, temperature, seed, grammars)
         return [Asked(group) for group in texts]
 
-    def _generate(self, rendered: list[str], n: int, temperature: float, seed: int):
+    def _generate(self, rendered: list[str], n: int, temperature: float, seed: int, grammars=None):
+        constrained = {} if grammars is None else {"grammars": grammars}
         if n > 1 or temperature > 0.0:
-            samples = self.generator.sample(rendered, n, temperature, seed)
+            samples = self.generator.sample(rendered, n, temperature, seed, **constrained)
         else:
-            samples = [[text] for text in self.generator.generate(rendered)]
+            samples = [[text] for text in self.generator.generate(rendered, **constrained)]
         if len(samples) != len(rendered):
             raise RuntimeError(
                 f"the generator returned {len(samples)} results for {len(rendered)} prompts"

@@ -14,3 +14,4 @@ class SqlFormat(Format):
     name = "sql"
     reports = False  # its files are what they were before formats existed
     recorded = ()  # a sql model's /health record is what it was too
+    grammar_constrained = True  # the completion is the query (eval.constrained)

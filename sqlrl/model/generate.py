@@ -21,6 +21,13 @@ sampling is softmax(logits / temperature) with no truncation and no penalty, in 
   from the checkpoint) and SamplingParams with every decoding field explicit
   (`vllm_sampling_settings`). vLLM is imported lazily, only when this class is built.
 
+Schema-constrained decoding (issue 46, docs/grammar.md): both backends have
+`grammar_for(schema)`, the grammar object their decoding takes for a database (transformers:
+the compiled grammar, sqlrl/model/constrained.py masks each row with it; vLLM: the EBNF text in
+the request's `structured_outputs`), raising GrammarUnavailable when the schema yields none;
+and `generate`/`sample` take `grammars=`, one such object or None per prompt (None: that
+prompt decodes unconstrained). Without `grammars` nothing changes, token for token.
+
 `make_generator(model_dir, use_vllm=..., batch_size=..., max_new_tokens=..., seed=...)`
 picks one: vLLM when asked for and installed, else transformers on the GPU when there is one,
 in the model's dtype.
@@ -44,6 +51,10 @@ IM_END = "<|im_end|>"
 
 @runtime_checkable
 class Generator(Protocol):
+    """A backend. One that decodes under a grammar (HFGenerator, VLLMGenerator) also has
+    `grammar_for(schema)` and takes `grammars=` (one per prompt, or None) in both methods;
+    callers without schemas call them as here."""
+
     def generate(self, prompts: list[str]) -> list[str]:
         """One greedy completion per prompt, in the prompts' order."""
         ...
@@ -276,20 +287,51 @@ class HFGenerator:
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else self.stop_ids[0]
         self.generated_tokens = 0  # completion tokens produced so far (for tokens/s)
+        self.grammar_dead_ends = 0  # constrained rows ended because no token was allowed
+        self._tokenizer_info = None  # xgrammar's view of the tokenizer, built on first use
 
     # ------------------------------------------------------------------ public API
-    def generate(self, prompts: list[str]) -> list[str]:
-        return [self._decode(ids) for ids in self.generate_ids(prompts)]
+    def generate(self, prompts: list[str], grammars: list | None = None) -> list[str]:
+        return [self._decode(ids) for ids in self.generate_ids(prompts, grammars=grammars)]
 
-    def sample(self, prompts: list[str], n: int, temperature: float, seed: int) -> list[list[str]]:
-        groups = self.generate_ids(prompts, n=n, temperature=temperature, seed=seed)
+    def sample(
+        self,
+        prompts: list[str],
+        n: int,
+        temperature: float,
+        seed: int,
+        grammars: list | None = None,
+    ) -> list[list[str]]:
+        groups = self.generate_ids(
+            prompts, n=n, temperature=temperature, seed=seed, grammars=grammars
+        )
         return [[self._decode(ids) for ids in group] for group in groups]
 
+    def grammar_for(self, schema):
+        """The compiled grammar of `schema`'s queries for this model's tokenizer (compiled once
+        per process and database: sqlrl.sql.grammar's cache), for `grammars=`. The tokenizer
+        as xgrammar sees it is built once, with the model's vocab_size (its embedding rows)
+        and the stop tokens generation stops at. GrammarUnavailable when there is none."""
+        from sqlrl.sql.grammar import compiled_grammar, hf_tokenizer_info
+
+        if self._tokenizer_info is None:
+            self._tokenizer_info = hf_tokenizer_info(
+                self.tokenizer, self.model.config.vocab_size, self.stop_ids
+            )
+        return compiled_grammar(schema, self._tokenizer_info)
+
     def generate_ids(
-        self, prompts: list[str], n: int = 1, temperature: float = 0.0, seed: int = 0
+        self,
+        prompts: list[str],
+        n: int = 1,
+        temperature: float = 0.0,
+        seed: int = 0,
+        grammars: list | None = None,
     ) -> list:
         """Completion token ids per prompt: a list of ids (n == 1, greedy when temperature is
-        0) or a list of n lists of ids (n > 1, sampled), in the prompts' order."""
+        0) or a list of n lists of ids (n > 1, sampled), in the prompts' order. `grammars`:
+        one per prompt (`grammar_for`'s, or None for unconstrained), each of a prompt's n
+        samples masked by it; a batch with no grammar decodes exactly as without."""
         import torch
         from transformers import set_seed
 
@@ -297,6 +339,8 @@ class HFGenerator:
 
         if n < 1:
             raise ValueError("n must be >= 1")
+        if grammars is not None and len(grammars) != len(prompts):
+            raise ValueError(f"{len(grammars)} grammars for {len(prompts)} prompts")
         check_sampling(n, temperature)
         sampling = temperature > 0.0
         encoded = [self.tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
@@ -314,12 +358,16 @@ class HFGenerator:
             for start in range(0, len(order), self.batch_size):
                 batch = order[start : start + self.batch_size]
                 input_ids, attention_mask = self._left_pad([encoded[i] for i in batch])
+                processor = self._grammar_processor(grammars, batch, n)
                 out = shared_prefix_generate(
                     self.model,
                     input_ids.repeat_interleave(n, 0).to(device),
                     attention_mask.repeat_interleave(n, 0).to(device),
                     config,
+                    **({"logits_processor": [processor]} if processor else {}),
                 )
+                if processor is not None:
+                    self.grammar_dead_ends += len(processor.dead_ends)
                 new = out[:, input_ids.shape[1] :].tolist()
                 for k, i in enumerate(batch):
                     rows = [
@@ -332,6 +380,16 @@ class HFGenerator:
         return results
 
     # ------------------------------------------------------------------ internals
+    def _grammar_processor(self, grammars: list | None, batch: list[int], n: int):
+        """A new processor for this batch's rows (each prompt's grammar on its n copies),
+        or None when no row of the batch has a grammar."""
+        if grammars is None or all(grammars[i] is None for i in batch):
+            return None
+        from sqlrl.model.constrained import GrammarLogitsProcessor
+
+        rows = [grammars[i] for i in batch for _ in range(n)]
+        return GrammarLogitsProcessor(rows, self.stop_ids[0])
+
     def _left_pad(self, seqs: list[list[int]]):
         import torch
 
@@ -434,21 +492,49 @@ class VLLMGenerator:
             **VLLM_ENGINE_SETTINGS,
         )
 
-    def _params(self, n: int, temperature: float, seed: int | None):
-        return self._vllm.SamplingParams(
-            **vllm_sampling_settings(n, temperature, self.max_new_tokens, self.stop_ids, seed)
-        )
+    def _params(self, n: int, temperature: float, seed: int | None, grammar: str | None = None):
+        settings = vllm_sampling_settings(n, temperature, self.max_new_tokens, self.stop_ids, seed)
+        if grammar is not None:
+            from vllm.sampling_params import StructuredOutputsParams
 
-    def generate(self, prompts: list[str]) -> list[str]:
+            settings["structured_outputs"] = StructuredOutputsParams(grammar=grammar)
+        return self._vllm.SamplingParams(**settings)
+
+    def _request_params(self, prompts, grammars, n: int, temperature: float, seed: int | None):
+        """One SamplingParams for every prompt, or (with `grammars`) one per prompt, each with
+        its grammar in `structured_outputs` (None: unconstrained): LLM.generate takes a list."""
+        if grammars is None:
+            return self._params(n, temperature, seed)
+        if len(grammars) != len(prompts):
+            raise ValueError(f"{len(grammars)} grammars for {len(prompts)} prompts")
+        return [self._params(n, temperature, seed, grammar) for grammar in grammars]
+
+    def grammar_for(self, schema) -> str:
+        """The EBNF text of `schema`'s queries, checked by xgrammar here (vLLM compiles it in
+        the engine, against its own tokenizer, and caches it); GrammarUnavailable if none."""
+        from sqlrl.sql.grammar import checked_grammar_text
+
+        return checked_grammar_text(schema)
+
+    def generate(self, prompts: list[str], grammars: list | None = None) -> list[str]:
         if not prompts:
             return []
-        outputs = self.llm.generate(list(prompts), self._params(1, 0.0, None))
+        params = self._request_params(prompts, grammars, 1, 0.0, None)
+        outputs = self.llm.generate(list(prompts), params)
         return [o.outputs[0].text for o in outputs]
 
-    def sample(self, prompts: list[str], n: int, temperature: float, seed: int) -> list[list[str]]:
+    def sample(
+        self,
+        prompts: list[str],
+        n: int,
+        temperature: float,
+        seed: int,
+        grammars: list | None = None,
+    ) -> list[list[str]]:
         if not prompts:
             return []
-        outputs = self.llm.generate(list(prompts), self._params(n, temperature, seed))
+        params = self._request_params(prompts, grammars, n, temperature, seed)
+        outputs = self.llm.generate(list(prompts), params)
         return [[c.text for c in o.outputs] for o in outputs]
 
 

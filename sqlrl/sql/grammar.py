@@ -428,6 +428,16 @@ class _Cache:
 _CACHE = _Cache()
 
 
+def hf_tokenizer_info(tokenizer, vocab_size: int, stop_token_ids):
+    """xgrammar's TokenizerInfo of a transformers tokenizer, for `compiled_grammar`:
+    `vocab_size` the model's embedding rows (config.vocab_size, which may exceed
+    len(tokenizer)), `stop_token_ids` the tokens generation stops at (or the grammar never
+    lets a query end). GrammarUnavailable where xgrammar is not installed."""
+    return _xgrammar().TokenizerInfo.from_huggingface(
+        tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids)
+    )
+
+
 def compiled_grammar(schema: Schema, tokenizer_info):
     """The xgrammar CompiledGrammar of `schema`'s queries for a tokenizer
     (`xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=model's)`), compiled once
@@ -444,14 +454,22 @@ def cache_info() -> CacheInfo:
         return CacheInfo(_CACHE.hits, _CACHE.misses, len(_CACHE.entries))
 
 
+def checked_grammar_text(schema: Schema) -> str:
+    """`grammar_text(schema)` once xgrammar has read it (compiled against an empty vocabulary,
+    milliseconds, cached): what vLLM gets, which compiles it itself inside the engine, where a
+    grammar it cannot read would fail the request rather than fall back. GrammarUnavailable
+    as `compiled_grammar`."""
+    text = grammar_text(schema)
+    _CACHE.get(text, _string_tokenizer())
+    return text
+
+
 def grammar_or_none(schema: Schema, tokenizer_info=None, logger: logging.Logger = log):
     """The caller's fallback in one place: the compiled grammar (or, without a tokenizer, the
     EBNF text for vLLM), or None after logging why decoding goes unconstrained."""
     try:
         if tokenizer_info is None:
-            text = grammar_text(schema)
-            _CACHE.get(text, _string_tokenizer())  # xgrammar must read the text vLLM gets
-            return text
+            return checked_grammar_text(schema)
         return compiled_grammar(schema, tokenizer_info)
     except GrammarUnavailable as exc:
         logger.warning("no grammar for database %r, decoding unconstrained: %s", schema.db_id, exc)

@@ -49,6 +49,7 @@ def _eval_params() -> EvalParams:
         num_samples=1,
         temperature=0.8,
         schema_repair=False,
+        constrained=False,
         vote_models=[],
         sets={},
     )

@@ -11,30 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from sqlrl.data.prompts import build_messages, render_prompt
+from sqlrl.data.prompts import render_prompt
 from sqlrl.model import generate as gen
 from sqlrl.model.modeling import (
     IM_END,
 )
 from tests.vllm_stand_in import SAMPLING_DEFAULTS, SamplingParams
-
-QUESTIONS = [
-    "How many singers?",
-    "List every stadium name ordered by capacity descending.",
-    "Name?",
-    "What are the names and countries of singers older than 40 who sang in "
-    "a concert in 2014 or 2015?",
-    "Count concerts.",
-]
-
-
-@pytest.fixture(scope="module")
-def prompts(tiny):
-    _, tokenizer, _ = tiny
-    return [
-        render_prompt(tokenizer, build_messages("singer | name, age", q, "Answer in SQL."))
-        for q in QUESTIONS
-    ]
 
 
 def test_batched_generation_equals_one_at_a_time_and_keeps_order(tiny, prompts):
