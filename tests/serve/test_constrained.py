@@ -2,6 +2,9 @@
 `constrained` per request (/generate's body, the OpenAI endpoint's extra_body), the server's
 --constrained, and `TextToSQL(..., constrained=True)`.
 
+The vLLM backends run on tests/vllm_stand_in.py here (the SamplingParams they send); the real
+engine decodes under the grammar in tests/serve/test_vllm.py (`pytest -m vllm`).
+
 Real: the tiny model of tests/serve/conftest.py (trained on concert_singer only, to answer
 `SELECT count(*) FROM singer` and `SELECT Name FROM stadium`), the transformers backend and its
 batcher, xgrammar, Spider's tables. On another database the model writes `FROM singer`
@@ -21,10 +24,11 @@ from sqlrl.data.spider import load_schemas
 from sqlrl.eval.evaluate import ConstrainedFormatError
 from sqlrl.request_input import NO_PARSED_SCHEMA, RequestInput, schema_from_ddl
 from sqlrl.serve import create_app
-from sqlrl.sql.grammar import matcher_for
+from sqlrl.sql.grammar import grammar_text, matcher_for
 from sqlrl.sql.identifiers import absent_names
 from tests.repo_tools import SPIDER_DIR
 from tests.serve_helpers import COUNT_SQL, LOCAL_URL, SETTINGS, serve_config
+from tests.vllm_stand_in import install, sent, vllm_package
 
 pytest.importorskip("xgrammar")
 
@@ -229,3 +233,55 @@ def test_text_to_sql_constrained(trained, tmp_path, schemas):
     (folder / "sqlrl_prompt.json").write_text(json.dumps({**recorded, "rollout": "reasoning"}))
     with pytest.raises(ConstrainedFormatError, match="'reasoning' format"):
         TextToSQL(folder, spider_dir=SPIDER_DIR, constrained=True)
+
+
+def structured(params) -> list:
+    """The structured_outputs of each prompt's SamplingParams in one engine call (LLM takes
+    one for all prompts or a list of one per prompt; AsyncLLMEngine one per request)."""
+    return [p.structured_outputs for p in (params if isinstance(params, list) else [params])]
+
+
+@pytest.mark.parametrize("with_async", [True, False])
+def test_the_vllm_backends_send_the_grammar_text(monkeypatch, trained, schemas, with_async):
+    """AsyncLLMEngine and LLM (behind the batcher): a constrained request's SamplingParams
+    carry its database's grammar text (StructuredOutputsParams(grammar=...)); an
+    unconstrained one's, and a schema_str one's, have no structured_outputs."""
+    vllm = vllm_package([COUNT_SQL], with_async)
+    install(monkeypatch, vllm)
+    app = create_app(serve_config(trained, backend="vllm"), prompt_settings=SETTINGS)
+    text = RequestInput(SETTINGS, SPIDER_DIR).messages("x", db_id="flight_2")[1]["content"]
+    with TestClient(app, base_url=LOCAL_URL) as c:
+        assert c.get("/health").json()["backend"] == ("vllm-async" if with_async else "vllm")
+        assert "constrained" not in generate(c, db_id="flight_2")
+        assert generate(c, db_id="flight_2", constrained=True)["constrained"] is True
+        loose = generate(c, schema_str=text.split("\n")[1], constrained=True)
+        assert loose["constrained"] is False
+    free, held, plain = (structured(p) for p in sent(vllm))
+    assert free == [None] and plain == [None]
+    assert [s.grammar for s in held] == [grammar_text(schemas["flight_2"])]
+
+
+def test_the_vllm_batcher_sends_one_sampling_params_per_prompt(monkeypatch, trained, schemas):
+    """LLM behind the batcher: a batch of a constrained and an unconstrained request is one
+    LLM.generate call with a list of SamplingParams, the grammar on the constrained row only;
+    a batch without a grammar sends the one SamplingParams as before."""
+    from sqlrl.serve.backends import BackendOptions, make_backend
+
+    vllm = vllm_package([COUNT_SQL], with_async=False)
+    install(monkeypatch, vllm)
+    backend = make_backend(trained, BackendOptions(backend="vllm", batch_wait_s=0.5))
+    grammar = backend.grammar_for(schemas["flight_2"])
+
+    async def batch(*grammars):
+        await backend.start()
+        try:
+            return await asyncio.gather(*(backend.complete("p", grammar=g) for g in grammars))
+        finally:
+            await backend.close()
+
+    assert asyncio.run(batch(None, grammar)) == [[COUNT_SQL], [COUNT_SQL]]
+    assert asyncio.run(batch(None, None)) == [[COUNT_SQL], [COUNT_SQL]]
+    mixed, plain = sent(vllm)
+    assert isinstance(mixed, list) and not isinstance(plain, list)
+    assert [s and s.grammar for s in structured(mixed)] == [None, grammar]
+    assert plain.structured_outputs is None
