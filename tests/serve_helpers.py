@@ -139,9 +139,13 @@ def _train(model, optimizer, ids, mask, labels) -> int:
 
 
 def serve_config(model_dir, **kw) -> ServeConfig:
-    """The tests' server settings: the fixture model, the real Spider, short answers."""
+    """The tests' server settings: the fixture model, the real Spider, short answers, on
+    transformers (the default `auto` would take vLLM where vLLM's CPU build is installed, and
+    the fast tier's tiny models have a head_dim its CPU attention refuses; the vLLM tests ask
+    for backend="vllm" with models it runs)."""
     base = dict(
         model=str(model_dir),
+        backend="transformers",
         spider_dir=str(SPIDER_DIR),
         max_new_tokens=24,
         max_batch_size=8,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 import pytest
 import torch
@@ -79,6 +80,7 @@ def test_reward_wiring_on_a_tiny_model(rows, tiny_sft, tmp_path, monkeypatch):
     def recording_reward(completions, db_path, gold_sql, **kwargs):
         seen.append((len(completions), list(db_path), list(gold_sql)))
         assert len(kwargs["db_id"]) == len(kwargs["question"]) == len(completions)  # for repair
+        time.sleep(0.002)  # a reward of known cost: the summary's reward seconds must see it
         return execution_reward(completions, db_path=db_path, gold_sql=gold_sql, **kwargs)
 
     recording_reward.__name__ = "execution_reward"
@@ -107,7 +109,7 @@ def test_reward_wiring_on_a_tiny_model(rows, tiny_sft, tmp_path, monkeypatch):
     # trainer logged is 0, and so is every group's spread (a miswired reward would show here)
     assert metrics["final_mean_reward"] == metrics["peak_reward"] == 0.0
     assert metrics["mean_frac_reward_zero_std"] == 1.0
-    assert metrics["seconds_per_step"]["reward"] > 0
+    assert metrics["seconds_per_step"]["reward"] >= 0.002  # the sleep above, counted
     reward_curve = tmp_path / "dvclive" / "plots" / "metrics" / "reward.tsv"
     assert len(reward_curve.read_text().splitlines()) == 3  # header + one row per step
 
