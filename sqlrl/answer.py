@@ -38,6 +38,10 @@ class Answer:
     chosen: int = 0  # the index of the chosen sample in `candidates`
     extracted: str = ""  # the chosen SQL as extracted, before schema repair
     trace: dict | None = None  # agent format: the chosen episode's probes and final SQL
+    # constrained decoding asked for (TextToSQL): whether the samples were decoded under the
+    # schema's grammar, and why not (a schema string, a schema without a grammar); else None
+    constrained: bool | None = None
+    unconstrained_reason: str | None = None
 
 
 def schema_repair(schema, question: str) -> Repair | None:

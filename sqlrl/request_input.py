@@ -16,6 +16,12 @@ Three ways a request names its schema:
 With `prepare.mark_schema_mentions`, the question gets the same "Schema mentions" suffix as in
 training whenever a parsed schema is known (db_id, ddl); `schema_str` is opaque text and the
 question stays as it is.
+
+Schema-constrained decoding (docs/grammar.md) asks the same question of a request:
+`RequestInput.grammar` gives the grammar of its parsed schema (db_id, ddl) from the backend's
+`grammar_for`, or None with the reason it decodes unconstrained (a `schema_str` has no names
+to constrain to; a schema that yields no grammar), and `check_constrained_format` refuses a
+model whose answer format writes text around its query, as evaluation does.
 """
 
 from __future__ import annotations
@@ -41,6 +47,11 @@ from sqlrl.formats import get_format
 
 log = logging.getLogger("sqlrl.serve")
 DB_ID_PATTERN = re.compile(r"[A-Za-z0-9_]{1,128}")
+# why a schema_str request decodes unconstrained when constrained decoding is asked for
+NO_PARSED_SCHEMA = (
+    "schema_str is free text, with no parsed tables or columns to build a grammar from "
+    "(give db_id or ddl to constrain)"
+)
 
 
 class InputError(ValueError):
@@ -169,6 +180,24 @@ def schema_from_ddl(ddl: str, db_id: str = "ddl") -> Schema:
     return Schema(db_id, tuple(tables), tuple(foreign_keys))
 
 
+# --------------------------------------------------------------------------- grammar
+
+
+def check_constrained_format(rollout: str, setting: str) -> None:
+    """ConstrainedFormatError (evaluation's) unless the answer format `rollout` is one the
+    grammar covers (a whole completion that is one query: `sql`); `setting` names what asked
+    for constrained decoding."""
+    if get_format(rollout).grammar_constrained:
+        return
+    from sqlrl.eval.evaluate import ConstrainedFormatError
+
+    raise ConstrainedFormatError(
+        f"{setting}: the model answers in the {rollout!r} format, which writes text around its "
+        "query; schema-constrained decoding covers a completion that is one query (the `sql` "
+        "format) only (docs/grammar.md)"
+    )
+
+
 # --------------------------------------------------------------------------- prompts
 
 
@@ -282,6 +311,27 @@ class RequestInput:
             except InputError:
                 return None
         return None
+
+    def grammar(
+        self, grammar_for, *, db_id: str | None = None, ddl: str | None = None
+    ) -> tuple[object | None, str | None]:
+        """(grammar, None): the request's schema (db_id, ddl) through the backend's
+        `grammar_for` (transformers: the compiled grammar; vLLM: the EBNF text); or (None, the
+        reason it decodes unconstrained): a schema_str request, a schema that yields no
+        grammar (GrammarUnavailable: a name SQL cannot write, xgrammar not installed), a
+        backend without `grammar_for`. The reason is logged."""
+        from sqlrl.sql.grammar import GrammarUnavailable
+
+        schema = self.schema(db_id=db_id, ddl=ddl)
+        if schema is None:
+            return None, NO_PARSED_SCHEMA
+        try:
+            if grammar_for is None:
+                raise GrammarUnavailable("the generation backend cannot decode under a grammar")
+            return grammar_for(schema), None
+        except GrammarUnavailable as exc:
+            log.warning("no grammar for database %r, decoding unconstrained: %s", schema.db_id, exc)
+            return None, str(exc)
 
     # ------------------------------------------------------------------ messages
     def messages(

@@ -14,6 +14,13 @@ format's own inference loop and extractor (sqlrl/formats/), as evaluation asks i
 `reasoning` gets its system prompt and only its final <answer> is read; `agent` runs the tool
 loop on the `db` (a `schema` or `ddl` question has no database to probe), and the Answer's
 `trace` holds its probes, their observations and the final SQL.
+
+Schema-constrained decoding (docs/grammar.md): `TextToSQL(model, constrained=True)`, or
+`t(question, db=..., constrained=True)` for one call, decodes the answer under its schema's
+grammar (a `db`, or `ddl`), so it names only that database's tables and columns; a `schema`
+string has no parsed names and decodes unconstrained. The Answer says which
+(`constrained`, and `unconstrained_reason`). The `sql` answer format only: a reasoning or agent
+model is refused (ConstrainedFormatError), as evaluation refuses it.
 """
 
 from __future__ import annotations
@@ -46,15 +53,19 @@ class TextToSQL:
         max_new_tokens: int = 128,
         exec_timeout_s: float = 30.0,
         use_vllm: bool = False,
+        constrained: bool = False,  # the default of every call's `constrained`
         **prompt_overrides,
     ):
         from sqlrl.data.prompt_settings import PromptSettings
         from sqlrl.formats import get_format
         from sqlrl.model.generate import make_generator
-        from sqlrl.request_input import RequestInput
+        from sqlrl.request_input import RequestInput, check_constrained_format
         from sqlrl.sql.executor import ExecLimits, SQLExecutor
 
         self.settings = PromptSettings.for_model(model_dir, **prompt_overrides)
+        self.constrained = constrained
+        if constrained:  # before the model loads
+            check_constrained_format(self.settings.rollout, "TextToSQL(constrained=True)")
         self.prompts = RequestInput(self.settings, spider_dir or default_spider_dir(), local=True)
         self.generator, self.tokenizer = make_generator(
             model_dir,
@@ -79,9 +90,11 @@ class TextToSQL:
         *,
         schema: str | None = None,
         ddl: str | None = None,
+        constrained: bool | None = None,
     ) -> str:
-        """The SQL for `question` (greedy)."""
-        return self.answer(question, db, schema=schema, ddl=ddl).sql
+        """The SQL for `question` (greedy); `constrained`: under its schema's grammar (None:
+        the instance's setting)."""
+        return self.answer(question, db, schema=schema, ddl=ddl, constrained=constrained).sql
 
     def answer(
         self,
@@ -94,11 +107,15 @@ class TextToSQL:
         num_samples: int = 1,
         temperature: float = 0.8,
         seed: int = 0,
+        constrained: bool | None = None,
     ) -> Answer:
         """The full answer; `execute` runs it on `db` (read-only); `num_samples` > 1 samples
         at `temperature` and votes by execution result (with `execute`) or by SQL text. An
-        agent model's answer carries its `trace`."""
+        agent model's answer carries its `trace`. `constrained` (None: the instance's): every
+        sample decoded under the schema's grammar; the Answer's `constrained` says whether it
+        was, `unconstrained_reason` why not."""
         from sqlrl.params import check_sampling
+        from sqlrl.request_input import check_constrained_format
 
         check_sampling(num_samples, temperature, "num_samples", "temperature")
         given = [
@@ -114,6 +131,14 @@ class TextToSQL:
         db_path = self.prompts.check_db_id(db, need_file=True) if execute else None
         messages = self.prompts.messages(question, schema_str=schema, db_id=db, ddl=ddl)
         decode = dict(n=num_samples, temperature=temperature if num_samples > 1 else 0.0)
+        constrained = self.constrained if constrained is None else constrained
+        grammar = reason = None
+        if constrained:
+            check_constrained_format(self.settings.rollout, "constrained=True")
+            grammar_for = getattr(self.generator, "grammar_for", None)
+            grammar, reason = self.prompts.grammar(grammar_for, db_id=db, ddl=ddl)
+            if grammar is not None:  # none: called exactly as unconstrained
+                decode["grammars"] = [grammar]
         [asked] = self._loop().ask([messages], [self._tool_db(db)], seed=seed, **decode)
         texts = asked.texts
         known = self.prompts.schema(db_id=db, ddl=ddl) if self.settings.schema_repair else None
@@ -129,6 +154,8 @@ class TextToSQL:
             extract=self.format.extract,
         )
         answer.trace = asked.trace(answer.chosen, answer.sql)  # a tool loop's; else None
+        if constrained:
+            answer.constrained, answer.unconstrained_reason = grammar is not None, reason
         return answer
 
     def _loop(self):

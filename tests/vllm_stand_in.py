@@ -28,7 +28,12 @@ from pathlib import Path
 #   the last RequestOutput holds only the child that finished last. FINAL_ONLY: one
 #   RequestOutput with all n, by index. (A consumer that falls behind gets outputs merged by
 #   index; this stand-in's consumer keeps up.)
-# - vllm/entrypoints/common/offline.py: LLM.generate forces FINAL_ONLY.
+# - vllm/entrypoints/common/offline.py: LLM.generate takes one SamplingParams for every
+#   prompt or a sequence of one per prompt (another length is a VLLMValidationError), and
+#   forces FINAL_ONLY.
+# - vllm/sampling_params.py: StructuredOutputsParams (a dataclass) takes exactly one
+#   constraint (json, regex, choice, grammar, json_object, structural_tag), else a
+#   VLLMValidationError.
 # - vllm/config/model.py, engine/protocol.py: the engine's context is
 #   `engine.model_config.max_model_len` (LLM: `llm.model_config`), the model config's
 #   max_position_embeddings unless max_model_len is given; renderers/params.py (a longer
@@ -145,6 +150,32 @@ class SamplingParams:
                 raise VLLMValidationError(f"n must be 1 when using greedy sampling, got {self.n}.")
 
 
+# StructuredOutputsParams' constraint fields: exactly one is set
+CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+
+@dataclasses.dataclass
+class StructuredOutputsParams:
+    """vLLM 0.32's: its init fields and defaults, and the one-constraint check."""
+
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    structural_tag: str | None = None
+
+    def __post_init__(self):
+        count = sum(getattr(self, name) is not None for name in CONSTRAINTS)
+        if count != 1:
+            raise VLLMValidationError(
+                f"You must use one kind of structured outputs constraint, got {count}"
+            )
+
+
 @dataclasses.dataclass
 class CompletionOutput:
     index: int
@@ -211,6 +242,7 @@ def vllm_package(answers, with_async: bool = True, fail: bool = False):
     exceptions = types.ModuleType("vllm.exceptions")
     vllm.calls, vllm.answers = [], list(answers)
     sampling.SamplingParams, sampling.RequestOutputKind = SamplingParams, RequestOutputKind
+    sampling.StructuredOutputsParams = StructuredOutputsParams
     exceptions.VLLMError, exceptions.VLLMClientError = VLLMError, VLLMClientError
     exceptions.VLLMValidationError = VLLMValidationError
     vllm.SamplingParams, vllm.RequestOutput = SamplingParams, RequestOutput
@@ -230,19 +262,26 @@ def vllm_package(answers, with_async: bool = True, fail: bool = False):
 
         def generate(self, prompts, params):
             vllm.calls.append(("generate", len(prompts), params))
+            each = list(params) if isinstance(params, list | tuple) else [params] * len(prompts)
+            if len(each) != len(prompts):  # offline.py's _params_to_seq
+                raise VLLMValidationError(
+                    f"The lengths of prompts ({len(prompts)}) and params ({len(each)}) must be "
+                    "the same."
+                )
             for prompt in prompts:
                 self.check_prompt(prompt)
-            params.output_kind = RequestOutputKind.FINAL_ONLY  # offline_utils._add_request
+            for one in each:
+                one.output_kind = RequestOutputKind.FINAL_ONLY  # offline_utils._add_request
             return [
                 RequestOutput(
                     str(k),
                     [
                         CompletionOutput(i, "".join(t), "stop")
-                        for i, t in enumerate(self.tokens(params))
+                        for i, t in enumerate(self.tokens(one))
                     ],
                     True,
                 )
-                for k in range(len(prompts))
+                for k, one in enumerate(each)
             ]
 
     vllm.LLM = LLM

@@ -5,7 +5,8 @@
 
 `POST /generate` {"question": ..., and one of "schema_str" | "db_id" | "ddl"} -> {"sql": ...};
 optional "execute" (db_id only: rows from the read-only executor), "max_new_tokens",
-"temperature", "num_samples" (execution-based voting when executing), "seed", "max_rows".
+"temperature", "num_samples" (execution-based voting when executing), "seed", "max_rows",
+"constrained" (decode under the schema's grammar, docs/grammar.md; default --constrained).
 `POST /v1/chat/completions`: the OpenAI chat API over the same answer path (routes/openai.py).
 `GET /`: the playground page, with `POST /execute` (run SQL read-only) and `POST /feedback`
 (judgements into --feedback-db, exported by `python -m sqlrl.feedback export`;

@@ -8,6 +8,14 @@
   generate() streams by default, and with n > 1 each streamed output carries only the samples
   that changed, so requests ask for the final output only and collect samples by index.
 
+Schema-constrained decoding (`--constrained`, docs/grammar.md): each backend's `grammar_for`
+gives a database's grammar (the generator's: transformers' compiled grammar, vLLM's EBNF
+text; None where the generator has none), and `complete(..., grammar=...)` decodes one request
+under it. The batching backend passes each item's grammar as its row's (`grammars=`), so
+requests with different grammars, or none, still share a batch; a batch without any grammar
+calls the generator exactly as before. AsyncVLLMBackend puts the text in the request's
+SamplingParams (`structured_outputs`).
+
 Decoding is explicit in every backend (sqlrl.model.generate): greedy is argmax, sampling is plain
 temperature sampling; nothing comes from the model's generation_config.json. The context
 limit is the engine's (vLLM's max_model_len) or the model config's, so an over-long prompt
@@ -47,6 +55,7 @@ class _Item:
     max_new_tokens: int
     seed: int
     future: asyncio.Future
+    grammar: object = None  # the generator's grammar_for(schema) for this request, or None
 
 
 @dataclass
@@ -132,6 +141,11 @@ class BatchingBackend:
         }
 
     # ------------------------------------------------------------------ requests
+    @property
+    def grammar_for(self):
+        """The generator's `grammar_for(schema)` (None: it cannot decode under a grammar)."""
+        return getattr(self.generator, "grammar_for", None)
+
     async def complete(
         self,
         prompt: str,
@@ -140,13 +154,19 @@ class BatchingBackend:
         temperature: float = 0.0,
         max_new_tokens: int = 128,
         seed: int = 0,
+        grammar=None,
     ) -> list[str]:
-        """`n` completions of `prompt` (greedy when temperature is 0)."""
+        """`n` completions of `prompt` (greedy when temperature is 0), under `grammar` (the
+        generator's `grammar_for`'s) when one is given."""
         if self._queue is None or self._task is None or self._task.done():
             raise NotReady("the generation backend is not running")
+        if grammar is not None and self.grammar_for is None:
+            raise TypeError(f"{type(self.generator).__name__} cannot decode under a grammar")
         future = asyncio.get_running_loop().create_future()
         try:
-            self._queue.put_nowait(_Item(prompt, n, temperature, max_new_tokens, seed, future))
+            self._queue.put_nowait(
+                _Item(prompt, n, temperature, max_new_tokens, seed, future, grammar)
+            )
         except asyncio.QueueFull:
             raise Busy(
                 f"the server is busy: {self.max_queue} requests are already queued; retry later"
@@ -182,7 +202,8 @@ class BatchingBackend:
 
     def _groups(self, items: list[_Item]) -> list[list[_Item]]:
         """Items that can share one call: same n, temperature, seed (and, unless the generator
-        can cut per request, the same max_new_tokens). Order within a group is kept."""
+        can cut per request, the same max_new_tokens). Order within a group is kept. Grammars
+        do not split a group: each row has its own (`grammars=`)."""
         per_request_cut = hasattr(self.generator, "generate_ids")
 
         def key(item: _Item):
@@ -203,10 +224,13 @@ class BatchingBackend:
         first = group[0]
         prompts = [item.prompt for item in group]
         gen = self.generator
+        # one grammar or None per row; no argument at all for a batch without any grammar
+        grammars = [item.grammar for item in group]
+        constrained = {"grammars": grammars} if any(g is not None for g in grammars) else {}
         if hasattr(gen, "generate_ids"):  # HFGenerator: one call, each cut at its own limit
             gen.max_new_tokens = max(item.max_new_tokens for item in group)
             ids = gen.generate_ids(
-                prompts, n=first.n, temperature=first.temperature, seed=first.seed
+                prompts, n=first.n, temperature=first.temperature, seed=first.seed, **constrained
             )
             out = []
             for item, row in zip(group, ids, strict=False):
@@ -221,10 +245,11 @@ class BatchingBackend:
         if hasattr(gen, "max_new_tokens"):
             gen.max_new_tokens = first.max_new_tokens
         if first.n == 1 and first.temperature <= 0:
-            texts = gen.generate(prompts)
+            texts = gen.generate(prompts, **constrained)
             out = [[t] for t in texts]
         else:
-            out = [list(g) for g in gen.sample(prompts, first.n, first.temperature, first.seed)]
+            samples = gen.sample(prompts, first.n, first.temperature, first.seed, **constrained)
+            out = [list(g) for g in samples]
         if len(out) != len(prompts):
             raise RuntimeError(
                 f"the generator returned {len(out)} results for {len(prompts)} prompts"
@@ -260,17 +285,30 @@ class AsyncVLLMBackend:
     def info(self) -> dict:
         return {"engine": "AsyncLLMEngine", "requests": self.requests}
 
-    def sampling_params(self, n: int, temperature: float, max_new_tokens: int, seed: int):
+    def grammar_for(self, schema) -> str:
+        """The EBNF text of `schema`'s queries, read by xgrammar here (a grammar it cannot read
+        is GrammarUnavailable, a fallback, not a failed request); the engine compiles it."""
+        from sqlrl.sql.grammar import checked_grammar_text
+
+        return checked_grammar_text(schema)
+
+    def sampling_params(
+        self, n: int, temperature: float, max_new_tokens: int, seed: int, grammar=None
+    ):
         """Every decoding field explicit (sqlrl.model.generate.vllm_sampling_settings), and the
-        final output only: the default (CUMULATIVE) streams one sample per output."""
+        final output only: the default (CUMULATIVE) streams one sample per output. `grammar`
+        (grammar_for's text): the request decodes under it (`structured_outputs`); None: no
+        structured_outputs at all."""
         from vllm.sampling_params import RequestOutputKind
 
         from sqlrl.model.generate import vllm_sampling_settings
 
-        return self._vllm.SamplingParams(
-            **vllm_sampling_settings(n, temperature, max_new_tokens, self.stop_ids, seed),
-            output_kind=RequestOutputKind.FINAL_ONLY,
-        )
+        settings = vllm_sampling_settings(n, temperature, max_new_tokens, self.stop_ids, seed)
+        if grammar is not None:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            settings["structured_outputs"] = StructuredOutputsParams(grammar=grammar)
+        return self._vllm.SamplingParams(**settings, output_kind=RequestOutputKind.FINAL_ONLY)
 
     async def complete(
         self,
@@ -280,8 +318,9 @@ class AsyncVLLMBackend:
         temperature: float = 0.0,
         max_new_tokens: int = 128,
         seed: int = 0,
+        grammar=None,
     ) -> list[str]:
-        params = self.sampling_params(n, temperature, max_new_tokens, seed)
+        params = self.sampling_params(n, temperature, max_new_tokens, seed, grammar)
         request_id = f"sqlrl-{next(self._ids)}"
         self.requests += 1
         texts: dict[int, str] = {}

@@ -34,6 +34,9 @@ _HELP = {
     "system_prompt": "override the model's prepare.system_prompt",
     "mark_schema_mentions": "override the model's prepare.mark_schema_mentions (true | false)",
     "schema_repair": "override the model's eval.schema_repair (true | false)",
+    "constrained": "decode each answer under its schema's grammar, so that it names only the "
+    "database's tables and columns (db_id and ddl requests; a schema_str request decodes "
+    "unconstrained); a request's `constrained` overrides it; the sql answer format only",
     "sample_rows_token_budget": "override the model's prepare.max_prompt_tokens (DDL sample "
     "rows shrink until a prompt fits; 0: no limit)",
     "dtype": "model dtype (float32, bfloat16); default: the model's own",
@@ -140,12 +143,16 @@ def build_parser() -> argparse.ArgumentParser:
     env = config_from_env()
     for f in fields(ServeConfig):
         secret = f.name in SECRETS
+        kind = _type(f)
+        # a true|false flag alone means true (`--constrained`), as well as `--constrained true`
+        bare = {"nargs": "?", "const": True} if kind is bool else {}
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
             dest=f.name,
-            type=_converter(_type(f)),
+            type=_converter(kind),
             default=None if secret else getattr(env, f.name),
             help=f"{_HELP[f.name]} [{ENV_PREFIX}{f.name.upper()}]",
+            **bare,
         )
     return parser
 
@@ -212,6 +219,7 @@ def main(argv=None) -> int:
     import uvicorn
 
     from sqlrl.data.prompt_settings import PromptSettingsError
+    from sqlrl.errors import PipelineError
     from sqlrl.serve.application import create_app
 
     args = build_parser().parse_args(argv)
@@ -233,7 +241,8 @@ def main(argv=None) -> int:
         return 2
     try:
         app = create_app(config)
-    except (PromptSettingsError, ValueError) as exc:  # no or bad prompt settings
+    # no or bad prompt settings; --constrained for a model whose format it does not cover
+    except (PromptSettingsError, ValueError, PipelineError) as exc:
         print(f"serve: {exc}", file=sys.stderr)
         return 2
     if not config.api_key:

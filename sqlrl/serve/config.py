@@ -26,6 +26,8 @@ class ServeConfig:
     system_prompt: str | None = None  # prepare.system_prompt
     mark_schema_mentions: bool | None = None  # prepare.mark_schema_mentions
     schema_repair: bool | None = None  # eval.schema_repair
+    # schema-constrained decoding (docs/grammar.md) of every request that does not say
+    constrained: bool = False
     sample_rows_token_budget: int | None = None  # prepare.max_prompt_tokens
     dtype: str | None = None
     torch_threads: int = 0  # CPU threads for torch (0: the usable cores)

