@@ -46,10 +46,10 @@ RESERVED_SET_NAMES = {"dev", "heldout", "generation"}
 # call tools (their Format's `calls_tools`)
 ROLLOUTS = ("sql", "reasoning", "agent")
 TOOL_ROLLOUTS = ("agent",)
-# the formats whose whole completion is one query, the one sqlrl/sql/grammar.py's grammar
-# describes (eval.constrained); their Format's `grammar_constrained`, checked by
-# tests/eval/test_constrained.py
-CONSTRAINED_ROLLOUTS = ("sql",)
+# the formats whose answer can be decoded under sqlrl/sql/grammar.py's grammar
+# (eval.constrained, grpo.constrained: the query, or reasoning's answer span); their Format's
+# `grammar_constrained`, checked by tests/eval/test_constrained.py
+CONSTRAINED_ROLLOUTS = ("sql", "reasoning")
 REWARD_IMPORT = r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$"  # package.module:function
 
 
@@ -398,16 +398,15 @@ class Params:
         self._check_agent_vllm(world)
         if self.eval.constrained and self.grpo.rollout not in CONSTRAINED_ROLLOUTS:
             raise ParamsError(
-                f"eval.constrained covers the {'/'.join(CONSTRAINED_ROLLOUTS)} answer format "
-                f"only: its grammar is a whole completion that is one query, and "
-                f"grpo.rollout {self.grpo.rollout} writes text around the query (set "
-                "eval.constrained=false; docs/grammar.md)"
+                f"eval.constrained covers the {'/'.join(CONSTRAINED_ROLLOUTS)} answer formats "
+                f"only: grpo.rollout {self.grpo.rollout} calls a tool whose query argument "
+                "the grammar does not reach (set eval.constrained=false; docs/grammar.md)"
             )
         if self.grpo.constrained and self.grpo.rollout not in CONSTRAINED_ROLLOUTS:
             raise ParamsError(
-                f"grpo.constrained covers the {'/'.join(CONSTRAINED_ROLLOUTS)} answer format "
-                f"only: grpo.rollout {self.grpo.rollout} writes text around the query (set "
-                "grpo.constrained=false; docs/grammar.md)"
+                f"grpo.constrained covers the {'/'.join(CONSTRAINED_ROLLOUTS)} answer formats "
+                f"only: grpo.rollout {self.grpo.rollout} calls a tool whose query argument "
+                "the grammar does not reach (set grpo.constrained=false; docs/grammar.md)"
             )
         self._check_constrained_vllm()
         if (

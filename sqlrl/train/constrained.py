@@ -136,10 +136,11 @@ class RolloutGrammars:
         }
 
 
-def rollout_grammars(trainer, tokenizer, spider_dir: str | Path) -> RolloutGrammars:
+def rollout_grammars(trainer, tokenizer, spider_dir: str | Path, compose=None) -> RolloutGrammars:
     """grpo.constrained's grammars for the trainer's rollouts: compiled against the policy's
     tokenizer (its embedding rows, and the stop tokens TRL stops at) on the transformers path,
-    EBNF text for a colocated vLLM engine."""
+    EBNF text for a colocated vLLM engine. `compose`: the rollout format's answer template
+    around the query (its Format's `answer_grammar`)."""
     from sqlrl.data.spider import load_schemas
     from sqlrl.sql.grammar import (
         GrammarUnavailable,
@@ -151,7 +152,7 @@ def rollout_grammars(trainer, tokenizer, spider_dir: str | Path) -> RolloutGramm
     tables = Path(spider_dir) / "tables.json"
     schemas = load_schemas(tables)
     if trainer.use_vllm:
-        return RolloutGrammars(schemas, checked_grammar_text, tables.name)
+        return RolloutGrammars(schemas, lambda s: checked_grammar_text(s, compose), tables.name)
     stops = list(trainer.eos_token_ids)
     try:
         info = hf_tokenizer_info(tokenizer, trainer.model.config.vocab_size, stops)
@@ -164,6 +165,6 @@ def rollout_grammars(trainer, tokenizer, spider_dir: str | Path) -> RolloutGramm
     else:
 
         def build(schema):
-            return compiled_grammar(schema, info)
+            return compiled_grammar(schema, info, compose)
 
     return RolloutGrammars(schemas, build, tables.name, stops[0])

@@ -342,7 +342,8 @@ def train_grpo(
     if params.constrained:
         from sqlrl.train.constrained import rollout_grammars
 
-        grammars = rollout_grammars(trainer, tokenizer, spider_dir)
+        compose = answer_format.answer_grammar  # params refuse a format without one
+        grammars = rollout_grammars(trainer, tokenizer, spider_dir, compose)
     # sqlrl/patches.py says what each does and why; shared_prompt_prefill: sqlrl.model.generate
     with contextlib.ExitStack() as patched:
         patched.enter_context(timed_rollouts(trainer, timer.add_rollout))

@@ -129,8 +129,8 @@ def test_rows_whose_schema_yields_no_grammar_fall_back_with_their_reason(caplog)
 
 
 def test_params_refuse_what_trl_cannot_constrain_per_prompt():
-    with pytest.raises(ParamsError, match="grpo.constrained covers the sql answer format"):
-        fixed_params("grpo.rollout=reasoning", "grpo.constrained=true")
+    with pytest.raises(ParamsError, match="grpo.constrained covers the sql/reasoning answer"):
+        fixed_params("grpo.rollout=agent", "base.tokenizer=qwen2.5", "grpo.constrained=true")
     with pytest.raises(ParamsError, match="vllm_mode server"):
         fixed_params("grpo.use_vllm=true", "grpo.vllm_mode=server", "grpo.constrained=true")
     with pytest.raises(ParamsError, match="tensor_parallel_size 2"):
