@@ -46,10 +46,10 @@ RESERVED_SET_NAMES = {"dev", "heldout", "generation"}
 # call tools (their Format's `calls_tools`)
 ROLLOUTS = ("sql", "reasoning", "agent")
 TOOL_ROLLOUTS = ("agent",)
-# the formats whose whole completion is one query, the one sqlrl/sql/grammar.py's grammar
-# describes (eval.constrained); their Format's `grammar_constrained`, checked by
-# tests/eval/test_constrained.py
-CONSTRAINED_ROLLOUTS = ("sql",)
+# the formats whose answer can be decoded under sqlrl/sql/grammar.py's grammar
+# (eval.constrained, grpo.constrained: the query, or reasoning's answer span); their Format's
+# `grammar_constrained`, checked by tests/eval/test_constrained.py
+CONSTRAINED_ROLLOUTS = ("sql", "reasoning")
 REWARD_IMPORT = r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*$"  # package.module:function
 
 
@@ -299,6 +299,7 @@ class GrpoParams:
     reward_timeout_s: Rate
     executable_credit: ShareBelowOne  # below a correct answer's 1.0
     schema_repair: Bool
+    constrained: Bool  # rollouts under each prompt's database grammar (sqlrl/train/constrained.py)
     drop_empty_gold: Bool
     pass_rate_filter: PassRateFilter
     lora: LoraParams
@@ -397,11 +398,17 @@ class Params:
         self._check_agent_vllm(world)
         if self.eval.constrained and self.grpo.rollout not in CONSTRAINED_ROLLOUTS:
             raise ParamsError(
-                f"eval.constrained covers the {'/'.join(CONSTRAINED_ROLLOUTS)} answer format "
-                f"only: its grammar is a whole completion that is one query, and "
-                f"grpo.rollout {self.grpo.rollout} writes text around the query (set "
-                "eval.constrained=false; docs/grammar.md)"
+                f"eval.constrained covers the {'/'.join(CONSTRAINED_ROLLOUTS)} answer formats "
+                f"only: grpo.rollout {self.grpo.rollout} calls a tool whose query argument "
+                "the grammar does not reach (set eval.constrained=false; docs/grammar.md)"
             )
+        if self.grpo.constrained and self.grpo.rollout not in CONSTRAINED_ROLLOUTS:
+            raise ParamsError(
+                f"grpo.constrained covers the {'/'.join(CONSTRAINED_ROLLOUTS)} answer formats "
+                f"only: grpo.rollout {self.grpo.rollout} calls a tool whose query argument "
+                "the grammar does not reach (set grpo.constrained=false; docs/grammar.md)"
+            )
+        self._check_constrained_vllm()
         if (
             self.grpo.rollout in TOOL_ROLLOUTS
             and self.base.source == "scratch"
@@ -425,6 +432,33 @@ class Params:
                     f"prepare.extra_train_sets.{name} trains on {spec.questions}, which "
                     f"eval.sets.{measured[spec.questions]} evaluates"
                 )
+
+    def _check_constrained_vllm(self) -> None:
+        """grpo.constrained on vLLM needs one engine that generates this process's prompts
+        alone: TRL 1.16 gives a vLLM server one `structured_outputs` for every prompt of a
+        batch (all processes' prompts, any databases), and a tensor-parallel engine generates its
+        group's prompts, which this process has no grammars for (docs/grammar.md)."""
+        g = self.grpo
+        if not (g.constrained and g.use_vllm):
+            return
+        if g.vllm_mode == "server":
+            how = (
+                "grpo.vllm_mode server: TRL 1.16 sends the server one structured_outputs "
+                "(vllm_structured_outputs_regex or generation_kwargs) for a whole batch, whose "
+                "prompts ask different databases"
+            )
+        elif g.vllm_tensor_parallel_size > 1:
+            how = (
+                f"grpo.vllm_tensor_parallel_size {g.vllm_tensor_parallel_size}: the engine "
+                "generates its group's prompts, gathered inside TRL"
+            )
+        else:
+            return
+        raise ParamsError(
+            f"grpo.constrained needs a grammar per prompt, which TRL 1.16 cannot give with {how}. "
+            "Use grpo.vllm_mode colocate with grpo.vllm_tensor_parallel_size 1, grpo.use_vllm "
+            "false, or grpo.constrained false (docs/grammar.md)"
+        )
 
     def _check_agent_vllm(self, world: int) -> None:
         """TRL 1.16's tool loop runs as many turns on each process as its own rollouts call

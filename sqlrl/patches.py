@@ -17,6 +17,8 @@ touches only the object it must and is undone when its `with` block ends.
   sync; keep them in place (on a CPU build only; the GPU path is unchanged).
 - per_turn_completion_budget: TRL's tool loop asks each turn for the whole
   max_completion_length and trims afterwards; ask for what the episode has left.
+- constrained_rollouts: grpo.constrained's per-prompt grammars; TRL's generation takes one
+  decoding setting for a whole batch.
 - vllm_generation_wrapped: the GPU rehearsal times TRL's colocated vLLM engine (its start, each
   weight sync, each generate call) from outside; TRL builds it inside the trainer.
 """
@@ -103,6 +105,110 @@ def timed_rollouts(trainer, add_seconds):
 
     with instance_attribute(trainer, name, timed):
         yield
+
+
+@contextmanager
+def constrained_rollouts(trainer, constrain):
+    """For the block: each rollout batch decodes under `constrain(inputs)` (a
+    sqlrl.train.constrained.RolloutConstraint: a grammar per row, and the logits processor that
+    applies them on the transformers path), and what its `generated()` returns is logged with
+    TRL's own metrics.
+
+    Why this hook: TRL 1.16 has no per-prompt constraint. Its transformers path builds one
+    GenerationConfig for every row and calls `unwrapped_model.generate(**inputs,
+    generation_config=...)` in `_generate_single_turn`, which sees token ids, not the dataset's
+    columns; its vLLM path builds one SamplingParams (colocate) or sends one
+    `structured_outputs` per request (server), and `vllm_structured_outputs_regex` is one regex
+    for all prompts. The dataset's columns (db_id) reach `_generate_and_score_completions(inputs)`
+    only, which generates exactly those rows, in their order, in one call (`_generate` ->
+    `_generate_single_turn`; no tool loop: the agent format is refused). So that method is
+    wrapped, and for its call the one decoding call it makes gets the rows' grammars through
+    the library's own per-row entry point: transformers' `generate(logits_processor=[...])`
+    (the model's `generate`, which TRL calls on the unwrapped model, as shared_prompt_prefill
+    relies on too) or vLLM's `LLM.generate(prompts, sampling_params=[one per prompt])` on the
+    colocated engine. A GRPOTrainer subclass would override the same private methods, and
+    would replace the trainer class the stage and its tests build.
+    Only where this process's engine generates this process's prompts alone: a vLLM server or
+    a tensor-parallel engine is refused by params (sqlrl.params, `_check_constrained_vllm`)."""
+    require_written_for("trl")
+    name = "_generate_and_score_completions"
+    own = getattr(trainer, name, None)
+    if own is None:
+        raise UnsupportedVersion(f"{type(trainer).__name__} has no {name} to constrain")
+    if trainer.use_vllm:
+        engine = trainer.vllm_generation
+        if engine.mode != "colocate" or engine.tensor_parallel_size > 1:
+            raise UnsupportedVersion(
+                "grpo.constrained needs a colocated vLLM engine without tensor parallelism"
+            )
+        holder, method = trainer.vllm_generation.llm, "generate"
+    else:
+        holder, method = trainer.model, "generate"
+
+    @functools.wraps(own)
+    def constrained(inputs, *args, **kwargs):
+        constraint = constrain(inputs)
+        if all(g is None for g in constraint.rows):
+            _log_metrics(trainer, constraint.generated())
+            return own(inputs, *args, **kwargs)
+        calls = []
+        inner = getattr(holder, method)
+
+        def decode(*call_args, **call_kwargs):
+            if calls:
+                raise RuntimeError("grpo.constrained: a rollout batch decoded twice (a tool loop?)")
+            calls.append(1)
+            if trainer.use_vllm:
+                prompts = call_args[0] if call_args else call_kwargs["prompts"]
+                if len(prompts) != len(constraint.rows):
+                    raise RuntimeError(
+                        f"{len(prompts)} prompts for {len(constraint.rows)} rollout grammars"
+                    )
+                call_kwargs["sampling_params"] = _per_prompt_grammars(
+                    call_kwargs.get("sampling_params"), constraint.rows
+                )
+            else:
+                given = list(call_kwargs.pop("logits_processor", None) or [])
+                call_kwargs["logits_processor"] = [*given, constraint.processor]
+            out = inner(*call_args, **call_kwargs)
+            _log_metrics(trainer, constraint.generated())
+            return out
+
+        with instance_attribute(holder, method, decode):
+            return own(inputs, *args, **kwargs)
+
+    with instance_attribute(trainer, name, constrained):
+        yield
+
+
+def _per_prompt_grammars(sampling_params, grammars: list):
+    """One vLLM SamplingParams per prompt: TRL's, with the prompt's grammar (EBNF text) in
+    `structured_outputs` (None: TRL's as it is)."""
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if sampling_params is None or isinstance(sampling_params, (list, tuple)):
+        raise UnsupportedVersion("TRL's colocated generate no longer passes one SamplingParams")
+    if sampling_params.structured_outputs is not None:
+        raise PipelineError(
+            "grpo.constrained and TRL's own structured outputs (vllm_structured_outputs_regex, "
+            "generation_kwargs['structured_outputs']) cannot both hold the rollouts"
+        )
+    out = []
+    for grammar in grammars:
+        if grammar is None:
+            out.append(sampling_params)
+            continue
+        params = sampling_params.clone()
+        params.structured_outputs = StructuredOutputsParams(grammar=grammar)
+        out.append(params)
+    return out
+
+
+def _log_metrics(trainer, values: dict[str, float]) -> None:
+    """Scalars into TRL's log beside its own: `_log_metric`, what TRL hands reward functions
+    as `log_metric` (averaged over processes and logging steps)."""
+    for key, value in values.items():
+        trainer._log_metric(key, value)
 
 
 @contextmanager

@@ -185,8 +185,8 @@ def schema_from_ddl(ddl: str, db_id: str = "ddl") -> Schema:
 
 def check_constrained_format(rollout: str, setting: str) -> None:
     """ConstrainedFormatError (evaluation's) unless the answer format `rollout` is one the
-    grammar covers (a whole completion that is one query: `sql`); `setting` names what asked
-    for constrained decoding."""
+    grammar covers (its answer template composed with the query grammar: `sql`, `reasoning`);
+    `setting` names what asked for constrained decoding."""
     if get_format(rollout).grammar_constrained:
         return
     from sqlrl.eval.evaluate import ConstrainedFormatError
@@ -328,7 +328,8 @@ class RequestInput:
         try:
             if grammar_for is None:
                 raise GrammarUnavailable("the generation backend cannot decode under a grammar")
-            return grammar_for(schema), None
+            # the format's answer around the query (reasoning: free thinking, then the query)
+            return grammar_for(schema, get_format(self.settings.rollout).answer_grammar), None
         except GrammarUnavailable as exc:
             log.warning("no grammar for database %r, decoding unconstrained: %s", schema.db_id, exc)
             return None, str(exc)

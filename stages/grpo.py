@@ -38,6 +38,7 @@ def main(args) -> int:
         args.checkpoints,
         args.dvclive,
         torch_threads=params.torch_threads,
+        spider_dir=args.spider,
     )
     metrics["train_prompts"] = len(rows)  # what each filter dropped: metrics/grpo_prompts.json
     if is_main_process():

@@ -21,8 +21,9 @@
   tool_calls_per_episode, turns_per_episode, failed_tool_call_share, no_answer_share), and an
   agent's prediction rows carry the `trace` (each probe's query and observation, the final
   SQL). The `sql` format's files are byte for byte what they were before formats existed.
-- Schema-constrained decoding (`eval.constrained`, the `sql` format only; docs/grammar.md):
-  each question decodes under its own database's grammar (sqlrl/sql/grammar.py), built from
+- Schema-constrained decoding (`eval.constrained`; the `sql` format, and the `reasoning`
+  format's answer span: its Format's `answer_grammar`; docs/grammar.md): each question
+  decodes under its own database's grammar (sqlrl/sql/grammar.py), built from
   the same tables file as its prompt, so that every table and column name it writes is one
   of that database's. A question whose schema yields no grammar decodes unconstrained in its
   batch, its reason logged and counted.
@@ -90,13 +91,14 @@ class ConstrainedFormatError(PipelineError):
 
 
 def check_constrained_format(answer_format: AnswerFormat, model: object = "the model") -> None:
-    """ConstrainedFormatError unless the grammar covers the format's completions: one that
-    writes text around its query (reasoning, agent) would have that text masked away."""
+    """ConstrainedFormatError unless the format builds a grammar of its answers around the
+    query's (`grammar_constrained`: sql, reasoning's answer span); the agent's query is a tool
+    call's argument, which it does not reach."""
     if not get_format(answer_format.rollout).grammar_constrained:
         raise ConstrainedFormatError(
             f"eval.constrained: {model} answers in the {answer_format.rollout!r} format, "
-            "which writes text around its query; the grammar covers a completion that is one "
-            "query (the `sql` format) only (docs/grammar.md)"
+            "whose query the grammar does not reach (a tool call's argument); it covers the "
+            "`sql` and `reasoning` formats (docs/grammar.md)"
         )
 
 
@@ -246,13 +248,16 @@ class RowGrammars:
 NO_GRAMMARS = RowGrammars([], Counter(), 0.0)  # a split without a question to ask
 
 
-def row_grammars(generator, db_ids: list[str], schemas: dict, tables_json) -> RowGrammars:
+def row_grammars(
+    generator, db_ids: list[str], schemas: dict, tables_json, compose=None
+) -> RowGrammars:
     """Each question's grammar from its database's schema (`schemas`: the tables file its
     prompt was built from), built once per database by the generator (`grammar_for`: the
     compiled grammar for transformers, the text for vLLM). A database without a schema in
     the file, or whose schema yields no grammar (GrammarUnavailable: a name SQL cannot
     write, no xgrammar), gets None: its questions decode unconstrained, the reason logged
-    once per database and counted per question."""
+    once per database and counted per question. `compose`: the answer format's template
+    around the query (its Format's `answer_grammar`; None: the query is the answer)."""
     from sqlrl.sql.grammar import GrammarUnavailable
 
     grammar_for = getattr(generator, "grammar_for", None)
@@ -270,7 +275,7 @@ def row_grammars(generator, db_ids: list[str], schemas: dict, tables_json) -> Ro
             built[db_id] = (None, f"no schema for the database in {Path(tables_json).name}")
         else:
             try:
-                built[db_id] = (grammar_for(schema), None)
+                built[db_id] = (grammar_for(schema, compose), None)
             except GrammarUnavailable as exc:
                 built[db_id] = (None, str(exc))
         seconds += time.perf_counter() - start
@@ -287,7 +292,7 @@ def row_grammars(generator, db_ids: list[str], schemas: dict, tables_json) -> Ro
 
 
 def _grammar_metrics(
-    built: RowGrammars, outputs: list[str], row_schemas: list, dead_ends: int | None
+    built: RowGrammars, outputs: list[str], row_schemas: list, dead_ends: int | None, compose=None
 ) -> dict:
     """eval.constrained's counts for one split: questions decoded under a grammar, those that
     fell back (and why), the constrained answers the grammar does not accept as a whole
@@ -303,7 +308,7 @@ def _grammar_metrics(
     for k in constrained:
         schema = row_schemas[k]
         if schema.db_id not in matchers:
-            matchers[schema.db_id] = matcher_for(schema)
+            matchers[schema.db_id] = matcher_for(schema, compose)
         unfinished += not accepts(outputs[k], matchers[schema.db_id])
     return {
         "grammar_rows": len(constrained),
@@ -442,8 +447,10 @@ def evaluate_split(
     from sqlrl.sql.identifiers import absent_identifier_stats
 
     answer_format = answer_format or AnswerFormat()
+    compose = None
     if constrained:
         check_constrained_format(answer_format)
+        compose = get_format(answer_format.rollout).answer_grammar
     todo = [i for i, row in enumerate(rows) if row.get("prompt") and row.get("db_present", True)]
     schemas = load_schemas(Path(tables_json)) if todo else {}
     row_schemas = [schemas.get(rows[i]["db_id"]) for i in todo]
@@ -456,7 +463,9 @@ def evaluate_split(
     decode = dict(temperature=temperature, seed=seed, fix=fix, benchmark=benchmark)
     if constrained:  # no question to ask: no generator either
         db_ids = [rows[i]["db_id"] for i in todo]
-        built = row_grammars(generator, db_ids, schemas, tables_json) if todo else NO_GRAMMARS
+        built = (
+            row_grammars(generator, db_ids, schemas, tables_json, compose) if todo else NO_GRAMMARS
+        )
         decode["grammars"] = built.grammars
     dead_ends_before = getattr(generator, "grammar_dead_ends", None)
     answers = (
@@ -474,7 +483,9 @@ def evaluate_split(
         dead_ends = None
         if dead_ends_before is not None:
             dead_ends = generator.grammar_dead_ends - dead_ends_before
-        metrics["constrained"] = _grammar_metrics(built, answers.outputs, row_schemas, dead_ends)
+        metrics["constrained"] = _grammar_metrics(
+            built, answers.outputs, row_schemas, dead_ends, compose
+        )
     if fix is not None:
         metrics["repaired"] = sum(
             "before_repair" in p for p in predictions if p["status"] != "skipped"

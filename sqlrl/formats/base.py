@@ -35,9 +35,8 @@ class Format:
     reports: bool = True
     # sqlrl_prompt.json fields of the format that the server's /health shows
     recorded: tuple[str, ...] = ("rollout",)
-    # whether the whole completion is one query, what sqlrl/sql/grammar.py's grammar describes:
-    # only then can eval.constrained decode it under its database's grammar (a format that
-    # writes text around its query would need a root rule around the grammar's: not built)
+    # whether `answer_grammar` builds the grammar of a whole completion around the query's
+    # (sqlrl/sql/grammar.py): only then can eval.constrained and grpo.constrained decode it
     grammar_constrained: bool = False
 
     def __repr__(self) -> str:
@@ -72,6 +71,13 @@ class Format:
         """The format grpo_prompts samples the SFT model's pass rates in (its generator runs
         no tool loop): this one."""
         return self
+
+    def answer_grammar(self, sql_grammar: str) -> str:
+        """The EBNF (xgrammar's dialect, root rule `root`) of a whole completion in this format,
+        given `sql_grammar`, one database's query grammar (sqlrl/sql/grammar.py, root `root`):
+        the format's answer template with the query in its place, so that only the query is
+        held to the schema. Only where `grammar_constrained`."""
+        raise NotImplementedError(f"the {self.name!r} format has no answer grammar")
 
     # ----------------------------------------------------------------- training
     def prompt_settings(self, grpo) -> dict:

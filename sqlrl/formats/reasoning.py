@@ -12,6 +12,13 @@ SFT rows: the completion is `<think>` a short plan read off the gold query (its 
 clauses) `</think>` then `<answer>` the gold `</answer>`: the shape the extractor reads and
 the format reward pays for. The plan is a template, not reasoning: SFT teaches the shape,
 GRPO what to think.
+
+Constrained decoding (eval.constrained, grpo.constrained): `answer_grammar` holds only the
+answer to the database's grammar: `<think>`, free text up to the first `</think>` (xgrammar's
+TagDispatch: any text until the tag), then `<answer>`, the query under the grammar,
+`</answer>`, and nothing after it but whitespace. The thinking may name anything. A completion
+may still end inside `<think>` (TagDispatch lets free text end): no answer, scored 0, as
+without the grammar.
 """
 
 from __future__ import annotations
@@ -89,9 +96,30 @@ class ReasoningSft(GoldSftFormatter):
         return {"completion": reasoning_completion(answer)}
 
 
+# The answer template around a query grammar whose root is renamed `sql_root`: free thinking
+# until `</think>` (TagDispatch: free text until one of its tags, then that tag's rule), then
+# the answer and only whitespace after it (REASONING_SYSTEM_PROMPT's shape).
+_ANSWER_GRAMMAR = r"""
+root ::= [ \t\r\n]* "<think>" reasoning_think
+reasoning_think ::= TagDispatch(
+  ("</think>", reasoning_answer),
+  loop_after_dispatch=false,
+  excludes=()
+)
+reasoning_answer ::= [ \t\r\n]* "<answer>" sql_root "</answer>" [ \t\r\n]*
+"""
+
+
 class ReasoningFormat(Format):
     name = "reasoning"
     system_prompt = REASONING_SYSTEM_PROMPT
+    grammar_constrained = True  # the answer span only (`answer_grammar`)
+
+    def answer_grammar(self, sql_grammar: str) -> str:
+        renamed, found = re.subn(r"^root ::=", "sql_root ::=", sql_grammar, count=1, flags=re.M)
+        if not found:
+            raise ValueError("the query grammar has no `root` rule")
+        return renamed.rstrip("\n") + "\n" + _ANSWER_GRAMMAR.lstrip("\n")
 
     def extract(self, completion) -> str:
         return answer_sql(completion)

@@ -14,4 +14,7 @@ class SqlFormat(Format):
     name = "sql"
     reports = False  # its files are what they were before formats existed
     recorded = ()  # a sql model's /health record is what it was too
-    grammar_constrained = True  # the completion is the query (eval.constrained)
+    grammar_constrained = True  # the completion is the query (eval/grpo.constrained)
+
+    def answer_grammar(self, sql_grammar: str) -> str:
+        return sql_grammar  # the whole completion is the query

@@ -307,18 +307,19 @@ class HFGenerator:
         )
         return [[self._decode(ids) for ids in group] for group in groups]
 
-    def grammar_for(self, schema):
+    def grammar_for(self, schema, compose=None):
         """The compiled grammar of `schema`'s queries for this model's tokenizer (compiled once
         per process and database: sqlrl.sql.grammar's cache), for `grammars=`. The tokenizer
         as xgrammar sees it is built once, with the model's vocab_size (its embedding rows)
-        and the stop tokens generation stops at. GrammarUnavailable when there is none."""
+        and the stop tokens generation stops at. GrammarUnavailable when there is none.
+        `compose`: the answer format's template around the query (its `answer_grammar`)."""
         from sqlrl.sql.grammar import compiled_grammar, hf_tokenizer_info
 
         if self._tokenizer_info is None:
             self._tokenizer_info = hf_tokenizer_info(
                 self.tokenizer, self.model.config.vocab_size, self.stop_ids
             )
-        return compiled_grammar(schema, self._tokenizer_info)
+        return compiled_grammar(schema, self._tokenizer_info, compose)
 
     def generate_ids(
         self,
@@ -509,12 +510,13 @@ class VLLMGenerator:
             raise ValueError(f"{len(grammars)} grammars for {len(prompts)} prompts")
         return [self._params(n, temperature, seed, grammar) for grammar in grammars]
 
-    def grammar_for(self, schema) -> str:
-        """The EBNF text of `schema`'s queries, checked by xgrammar here (vLLM compiles it in
-        the engine, against its own tokenizer, and caches it); GrammarUnavailable if none."""
+    def grammar_for(self, schema, compose=None) -> str:
+        """The EBNF text of `schema`'s queries (in the answer `compose` makes of them), checked
+        by xgrammar here (vLLM compiles it in the engine, against its own tokenizer, and caches
+        it); GrammarUnavailable if none."""
         from sqlrl.sql.grammar import checked_grammar_text
 
-        return checked_grammar_text(schema)
+        return checked_grammar_text(schema, compose)
 
     def generate(self, prompts: list[str], grammars: list | None = None) -> list[str]:
         if not prompts:

@@ -285,12 +285,13 @@ class AsyncVLLMBackend:
     def info(self) -> dict:
         return {"engine": "AsyncLLMEngine", "requests": self.requests}
 
-    def grammar_for(self, schema) -> str:
-        """The EBNF text of `schema`'s queries, read by xgrammar here (a grammar it cannot read
-        is GrammarUnavailable, a fallback, not a failed request); the engine compiles it."""
+    def grammar_for(self, schema, compose=None) -> str:
+        """The EBNF text of `schema`'s queries (in the answer `compose` makes of them), read by
+        xgrammar here (a grammar it cannot read is GrammarUnavailable, a fallback, not a failed
+        request); the engine compiles it."""
         from sqlrl.sql.grammar import checked_grammar_text
 
-        return checked_grammar_text(schema)
+        return checked_grammar_text(schema, compose)
 
     def sampling_params(
         self, n: int, temperature: float, max_new_tokens: int, seed: int, grammar=None

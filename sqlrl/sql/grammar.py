@@ -438,14 +438,23 @@ def hf_tokenizer_info(tokenizer, vocab_size: int, stop_token_ids):
     )
 
 
-def compiled_grammar(schema: Schema, tokenizer_info):
+def answer_text(schema: Schema, compose=None) -> str:
+    """The EBNF a completion is decoded under: `schema`'s query grammar, or the whole answer
+    `compose(query grammar)` makes of it (an answer format's template around the query, its
+    Format's `answer_grammar`: sqlrl/formats/). GrammarUnavailable as `grammar_text`."""
+    text = grammar_text(schema)
+    return text if compose is None else compose(text)
+
+
+def compiled_grammar(schema: Schema, tokenizer_info, compose=None):
     """The xgrammar CompiledGrammar of `schema`'s queries for a tokenizer
     (`xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=model's)`), compiled once
     per process and database: the cache key is the grammar text's hash, so two schema objects
     with the same names share one entry. Hand it to `xgrammar.contrib.hf.LogitsProcessor`
     (one per generate call; a list gives one grammar per row) or to a GrammarMatcher.
-    GrammarUnavailable (decode unconstrained, log the reason) when the schema yields none."""
-    return _CACHE.get(grammar_text(schema), tokenizer_info)
+    GrammarUnavailable (decode unconstrained, log the reason) when the schema yields none.
+    `compose`: an answer format's template around the query (`answer_text`)."""
+    return _CACHE.get(answer_text(schema, compose), tokenizer_info)
 
 
 def cache_info() -> CacheInfo:
@@ -454,12 +463,12 @@ def cache_info() -> CacheInfo:
         return CacheInfo(_CACHE.hits, _CACHE.misses, len(_CACHE.entries))
 
 
-def checked_grammar_text(schema: Schema) -> str:
+def checked_grammar_text(schema: Schema, compose=None) -> str:
     """`grammar_text(schema)` once xgrammar has read it (compiled against an empty vocabulary,
     milliseconds, cached): what vLLM gets, which compiles it itself inside the engine, where a
     grammar it cannot read would fail the request rather than fall back. GrammarUnavailable
-    as `compiled_grammar`."""
-    text = grammar_text(schema)
+    as `compiled_grammar` (`compose` too)."""
+    text = answer_text(schema, compose)
     _CACHE.get(text, _string_tokenizer())
     return text
 
@@ -483,9 +492,10 @@ def _string_tokenizer():
     return _xgrammar().TokenizerInfo([])
 
 
-def matcher_for(schema: Schema):
-    """A GrammarMatcher of `schema`'s grammar that matches strings (see `accepts`)."""
-    compiled = _CACHE.get(grammar_text(schema), _string_tokenizer())
+def matcher_for(schema: Schema, compose=None):
+    """A GrammarMatcher of `schema`'s grammar (composed into an answer by `compose`) that
+    matches strings (see `accepts`)."""
+    compiled = _CACHE.get(answer_text(schema, compose), _string_tokenizer())
     return _xgrammar().GrammarMatcher(compiled, terminate_without_stop_token=True)
 
 

@@ -34,6 +34,7 @@ from sqlrl.outputs import save_atomically
 from sqlrl.params import GrpoParams
 from sqlrl.patches import (
     completion_logits_only_on_cpu,
+    constrained_rollouts,
     per_turn_completion_budget,
     timed_rollouts,
     vllm_cpu_keeps_linear_weights,
@@ -291,11 +292,13 @@ def train_grpo(
     checkpoint_dir: str | Path,
     dvclive_dir: str | Path | None,
     torch_threads: int = 0,
+    spider_dir: str | Path | None = None,
 ) -> dict:
     """Train the LoRA adapter on `rows` (prompt, gold_sql, db_path, ...) and save it to out_dir.
     Every column reaches the reward functions (TRL passes them as keyword arguments).
     checkpoint_dir should be outside DVC's outputs, so an interrupted run can resume from it
-    (grpo.resume); the curves go to dvclive_dir (None: nowhere)."""
+    (grpo.resume); the curves go to dvclive_dir (None: nowhere). grpo.constrained reads the
+    rows' schemas from spider_dir/tables.json (sqlrl/train/constrained.py)."""
     from datasets import Dataset
     from transformers import set_seed
     from trl import GRPOTrainer
@@ -304,6 +307,8 @@ def train_grpo(
     from sqlrl.train.launch import is_main_process, wait_for_everyone, world_size
 
     check_vllm_server(params)
+    if params.constrained and spider_dir is None:
+        raise PipelineError("grpo.constrained reads the rows' schemas: pass spider_dir")
     writer = is_main_process()  # the one process that deletes, writes and renames outputs
     threads = set_torch_threads(torch_threads)
     set_seed(seed)
@@ -333,12 +338,20 @@ def train_grpo(
             **agent,
         )
     reseed_after_vllm_engine(trainer, seed)
+    grammars = None
+    if params.constrained:
+        from sqlrl.train.constrained import rollout_grammars
+
+        compose = answer_format.answer_grammar  # params refuse a format without one
+        grammars = rollout_grammars(trainer, tokenizer, spider_dir, compose)
     # sqlrl/patches.py says what each does and why; shared_prompt_prefill: sqlrl.model.generate
     with contextlib.ExitStack() as patched:
         patched.enter_context(timed_rollouts(trainer, timer.add_rollout))
         patched.enter_context(completion_logits_only_on_cpu())
         if not args.use_vllm:
             patched.enter_context(shared_prompt_prefill(trainer.model))
+        if grammars is not None:  # after the prefill: its generate gets the processor
+            patched.enter_context(constrained_rollouts(trainer, grammars))
         if answer_format.calls_tools:
             patched.enter_context(per_turn_completion_budget(trainer))
         start = time.perf_counter()
@@ -361,6 +374,8 @@ def train_grpo(
         "torch_threads": threads,
         **rollout_metrics(params, trainer.state.log_history, episodes, reward_funcs),
     }
+    if grammars is not None:  # absent when off: the default run's metrics are what they were
+        metrics["constrained"] = grammars.summary()
     log.info(
         "reward %s -> %s over %s steps",
         metrics["first_mean_reward"],

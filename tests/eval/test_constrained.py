@@ -136,20 +136,18 @@ def test_the_stage_summary_shows_the_names_and_the_grammar_counts(runs):
     assert "[constrained" not in line
 
 
-def test_formats_with_text_around_the_query_are_refused(served, split, tmp_path):
-    """The grammar is a whole completion that is one query: a reasoning or agent model would
-    have its thinking masked away, so it is refused, by params and by the model's folder."""
+def test_the_agent_format_is_refused(served, split, tmp_path):
+    """The grammar reaches the sql format's completion and the reasoning format's answer span,
+    not the agent's tool-call argument: an agent model is refused, by params and by the
+    model's folder."""
     assert CONSTRAINED_ROLLOUTS == tuple(
         name for name, f in FORMATS.items() if f.grammar_constrained
     )
-    for rollout in ("reasoning", "agent"):
-        with pytest.raises(ParamsError, match="eval.constrained covers the sql answer format"):
-            fixed_params(
-                "eval.constrained=true", f"grpo.rollout={rollout}", "base.tokenizer=qwen2.5"
-            )
-    assert fixed_params("eval.constrained=true").eval.constrained is True
-    folder = tmp_path / "reasoning_model"
+    with pytest.raises(ParamsError, match="eval.constrained covers the sql/reasoning answer"):
+        fixed_params("eval.constrained=true", "grpo.rollout=agent", "base.tokenizer=qwen2.5")
+    assert fixed_params("eval.constrained=true", "grpo.rollout=reasoning").eval.constrained
+    folder = tmp_path / "agent_model"
     folder.mkdir()
-    (folder / "sqlrl_prompt.json").write_text(json.dumps({"rollout": "reasoning"}))
-    with pytest.raises(ConstrainedFormatError, match="'reasoning' format"):
+    (folder / "sqlrl_prompt.json").write_text(json.dumps({"rollout": "agent"}))
+    with pytest.raises(ConstrainedFormatError, match="'agent' format"):
         evaluate_model(folder, eval_params(constrained=True), 0, {"dev": split})

@@ -145,25 +145,48 @@ def test_the_openai_endpoint_takes_constrained_in_extra_body(client, schemas):
     assert "singer" not in sql and only_its_names(sql, schema_from_ddl(AIRLINES_DDL))
 
 
-def test_a_reasoning_model_refuses_constrained(trained, tmp_path):
-    """The grammar is a whole completion that is one query: a model that writes text around
-    it is refused, per request (422, naming the field) and at start-up (--constrained)."""
+def test_an_agent_model_refuses_constrained(trained, tmp_path, capsys):
+    """The agent's query sits JSON-escaped inside a tool call, which the grammar does not
+    cover: it is refused, per request and at start-up (--constrained), before the model loads."""
+    from sqlrl.request_input import check_constrained_format
     from sqlrl.serve import cli
+
+    with pytest.raises(ConstrainedFormatError, match="^constrained: .*'agent' format"):
+        check_constrained_format("agent", "constrained")
+    check_constrained_format("reasoning", "constrained")  # its answer span: the next test
+    folder = tmp_path / "agent_model"
+    folder.mkdir()
+    recorded = json.loads((trained / "sqlrl_prompt.json").read_text())
+    (folder / "sqlrl_prompt.json").write_text(json.dumps({**recorded, "rollout": "agent"}))
+    assert cli.main(["--model", str(folder), "--constrained"]) == 2
+    assert "'agent' format" in capsys.readouterr().err
+
+
+def test_a_reasoning_model_is_held_to_its_answer_template(trained, schemas):
+    """A reasoning model's completion is its thinking, then the query: each request's grammar
+    is the one the format composes (`answer_grammar`: the thinking free, the answer span held
+    to the schema), on both backends' `grammar_for`; the served request decodes under it."""
+    from sqlrl.formats import get_format
+
+    compose = get_format("reasoning").answer_grammar
+    seen = []
+
+    def grammar_for(schema, compose):
+        seen.append((schema.db_id, compose('root ::= "SELECT 1"')))
+        return "grammar"
+
+    grammar = RequestInput(REASONING, SPIDER_DIR).grammar(grammar_for, db_id="flight_2")
+    assert grammar == ("grammar", None)
+    ((db, text),) = seen
+    assert db == "flight_2" and '"<think>"' in text and "sql_root" in text
+    assert RequestInput(SETTINGS, SPIDER_DIR).grammar(grammar_for, db_id="car_1")[0] == "grammar"
+    assert seen[1][1] == 'root ::= "SELECT 1"'  # the sql format: the query grammar itself
 
     app = create_app(serve_config(trained), prompt_settings=REASONING)
     with TestClient(app, base_url=LOCAL_URL) as c:
         r = c.post("/generate", json={"question": Q, "db_id": "flight_2", "constrained": True})
-        assert r.status_code == 422, r.text
-        assert r.json()["detail"].startswith("constrained: the model answers in the 'reasoning'")
-        r = chat(c, db_id="flight_2", constrained=True)
-        assert r.status_code == 422 and r.json()["error"]["param"] == "constrained"
-    with pytest.raises(ConstrainedFormatError, match="--constrained: .*'reasoning' format"):
-        create_app(serve_config(trained, constrained=True), prompt_settings=REASONING)
-    folder = tmp_path / "reasoning_model"
-    folder.mkdir()
-    recorded = json.loads((trained / "sqlrl_prompt.json").read_text())
-    (folder / "sqlrl_prompt.json").write_text(json.dumps({**recorded, "rollout": "reasoning"}))
-    assert cli.main(["--model", str(folder), "--constrained"]) == 2
+    assert r.status_code == 200 and r.json()["constrained"] is True, r.text
+    assert matcher_for(schemas["flight_2"], compose).accept_string(r.json()["completion"])
 
 
 def test_the_batcher_keeps_each_requests_grammar(trained, schemas):
@@ -205,7 +228,7 @@ def test_the_batcher_keeps_each_requests_grammar(trained, schemas):
 
 def test_text_to_sql_constrained(trained, tmp_path, schemas):
     """`TextToSQL(model, constrained=...)` and per call `constrained=`: the Answer says whether
-    it was constrained; a schema string falls back with the reason; a reasoning model is
+    it was constrained; a schema string falls back with the reason; an agent model is
     refused before it loads."""
     from sqlrl.text_to_sql import TextToSQL
 
@@ -230,8 +253,8 @@ def test_text_to_sql_constrained(trained, tmp_path, schemas):
     folder = tmp_path / "reasoning_model"
     folder.mkdir()
     recorded = json.loads((trained / "sqlrl_prompt.json").read_text())
-    (folder / "sqlrl_prompt.json").write_text(json.dumps({**recorded, "rollout": "reasoning"}))
-    with pytest.raises(ConstrainedFormatError, match="'reasoning' format"):
+    (folder / "sqlrl_prompt.json").write_text(json.dumps({**recorded, "rollout": "agent"}))
+    with pytest.raises(ConstrainedFormatError, match="'agent' format"):
         TextToSQL(folder, spider_dir=SPIDER_DIR, constrained=True)
 
 
