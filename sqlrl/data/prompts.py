@@ -268,9 +268,10 @@ class TableChoice:
 
 
 def _words(text: str) -> set[str]:
-    """Lower-cased words of `text` (names split at _ and case changes), plural s dropped."""
+    """Lower-cased words of `text` (names split at _ and case changes) of three letters or
+    more, plural s dropped."""
     text = re.sub(r"([a-z])([A-Z])", r"\1 \2", text)
-    words = re.findall(r"[a-z0-9]+", text.lower())
+    words = re.findall(r"[a-z0-9]{3,}", text.lower())
     return {w[:-1] if len(w) > 3 and w.endswith("s") else w for w in words}
 
 
@@ -278,9 +279,10 @@ def choose_tables(
     schema: Schema, question: str, size_of: Callable[[Table], int], budget_chars: int
 ) -> TableChoice:
     """Every table when the schema's text fits `budget_chars` (0: no limit); otherwise, in
-    this order while they fit: the tables the question names (its words in the table's
-    name, then in its columns' names, most first), the tables their foreign keys join, then
-    the rest in the database's order. Kept tables stay in the database's order."""
+    this order while they fit: the tables whose name the question has (those with more of
+    its words in their name, then in their columns, first), the tables their foreign keys
+    join, the tables with a column the question names, then the rest in the database's
+    order. Kept tables stay in the database's order."""
     sizes = {t.name: size_of(t) for t in schema.tables}
     if not budget_chars or sum(sizes.values()) <= budget_chars:
         return TableChoice(tuple(sizes))
@@ -290,14 +292,16 @@ def choose_tables(
         columns = set().union(*(_words(c.name) for c in table.columns))
         return (len(_words(table.name) & asked), len(columns & asked))
 
-    named = [t.name for t in sorted(schema.tables, key=score, reverse=True) if any(score(t))]
+    ranked = sorted(schema.tables, key=score, reverse=True)
+    named = [t.name for t in ranked if score(t)[0]]
     joined = [
         other
         for fk in schema.foreign_keys
         for a, other in ((fk.table, fk.ref_table), (fk.ref_table, fk.table))
         if a in named
     ]
-    order = list(dict.fromkeys([*named, *joined, *sizes]))
+    by_column = [t.name for t in ranked if score(t)[1]]
+    order = list(dict.fromkeys([*named, *joined, *by_column, *sizes]))
     kept, used = set(), 0
     for name in order:
         if used + sizes[name] <= budget_chars:
@@ -308,7 +312,7 @@ def choose_tables(
         tuple(n for n in sizes if n not in kept),
         f"the schema is {sum(sizes.values())} characters, over the prompt's budget of "
         f"{budget_chars}: kept first the tables the question names ({', '.join(named) or 'none'}),"
-        " then those their foreign keys join, then the rest in the database's order",
+        " then those their foreign keys join, those with a column it names, then the rest",
     )
 
 

@@ -181,3 +181,30 @@ def test_a_sqlite_file_by_url_runs_in_the_sandbox(private_db):
     assert v.status == "error" and "refused" in v.error
     with pytest.raises(LiveDatabaseError, match="not a database URL"):
         connect("x", "mysql://me@host/db")
+
+
+def test_the_role_docs_serving_md_gives_is_the_one_the_tests_run_as():
+    from tests.postgres_helpers import READER_ROLE_SQL
+    from tests.repo_tools import REPO_ROOT
+
+    text = (REPO_ROOT / "docs" / "serving.md").read_text()
+    block = text.split("**The role to create**", 1)[1].split("```sql\n", 1)[1].split("```")[0]
+    assert [line.strip() for line in block.strip().splitlines()] == READER_ROLE_SQL.splitlines()
+
+
+def test_a_large_schema_keeps_the_tables_the_question_names(reader):
+    """Past the budget, the prompt keeps the tables the question names, then their
+    foreign-key neighbours, and says which it kept and why."""
+    live = RequestInput(SETTINGS, None, live_schema_chars=140)
+    live.add_live(reader)
+    question = "What is the name of the concert in each stadium?"
+    messages, choice = live.live_messages("pg_concert", question)
+    assert choice.kept == ("stadium", "concert") and set(choice.dropped) == {
+        "singer",
+        "singer_in_concert",
+    }
+    assert "over the prompt's budget of 140" in choice.why and "stadium" in choice.why
+    assert "singer_in_concert" not in messages[1]["content"]
+    everything = RequestInput(SETTINGS, None)
+    everything.add_live(reader)
+    assert everything.table_choice("pg_concert", question).dropped == ()
