@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 VERDICTS = ("right", "wrong")
-SCHEMA_VERSION = 2  # 2: the writer column
+SCHEMA_VERSION = 3  # 2: the writer column; 3: the dialect column
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS feedback (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -52,6 +52,7 @@ CREATE TABLE IF NOT EXISTS feedback (
     verdict TEXT NOT NULL CHECK (verdict IN ('right', 'wrong')),
     corrected_sql TEXT,
     writer TEXT,                         -- "key:<id>" or "local page"; NULL: before version 2
+    dialect TEXT,                        -- a live database's (postgres, sqlite); NULL: Spider's
     CHECK ((db_id IS NULL) <> (ddl IS NULL)),
     CHECK (corrected_sql IS NULL OR verdict = 'wrong')
 )
@@ -74,6 +75,7 @@ class Judgement:
     ddl: str | None = None
     corrected_sql: str | None = None
     writer: str | None = None  # who wrote it: "key:<id>" or "local page" (sqlrl.serve.trust)
+    dialect: str | None = None  # a live database's dialect (db_id names it); None: Spider's
     created_at: str = ""  # set by the store when it is written
     id: int | None = None  # set by the store
 
@@ -134,7 +136,8 @@ class FeedbackStore:
 
 def upgrade(conn: sqlite3.Connection) -> None:
     """Bring a feedback file written by an older version to SCHEMA_VERSION, in place: version
-    1 had no writer column (its records keep a NULL writer: unattributed)."""
+    1 had no writer column (its records keep a NULL writer: unattributed), version 2 no
+    dialect column (its records are all about Spider's databases: NULL)."""
     version = conn.execute("PRAGMA user_version").fetchone()[0]
     if version > SCHEMA_VERSION:
         raise sqlite3.DatabaseError(
@@ -144,6 +147,8 @@ def upgrade(conn: sqlite3.Connection) -> None:
     columns = {row[1] for row in conn.execute("PRAGMA table_info(feedback)")}
     if "writer" not in columns:
         conn.execute("ALTER TABLE feedback ADD COLUMN writer TEXT")
+    if "dialect" not in columns:
+        conn.execute("ALTER TABLE feedback ADD COLUMN dialect TEXT")
     conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
 
@@ -198,6 +203,8 @@ def check_pair(j: Judgement, spider_dir: Path, schemas: dict, executor) -> Skip 
         return Skip(j.id, "marked wrong without a correction")
     if j.db_id is None:
         return Skip(j.id, "schema given as DDL: no database to check the SQL on")
+    if j.dialect is not None:
+        return Skip(j.id, f"a live {j.dialect} database, not one of Spider's", j.db_id)
     if j.db_id not in schemas:
         return Skip(j.id, "db_id not in tables.json", j.db_id)
     path = database_path(spider_dir, j.db_id)

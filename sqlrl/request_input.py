@@ -207,7 +207,11 @@ class RequestInput:
     prompts."""
 
     def __init__(
-        self, settings: PromptSettings, spider_dir: str | Path | None, local: bool = False
+        self,
+        settings: PromptSettings,
+        spider_dir: str | Path | None,
+        local: bool = False,
+        live_schema_chars: int = 12_000,
     ):
         """local: errors are for the person who runs it (the Python API): they name the Spider
         folder and what is wrong with it. Otherwise (the server) they name no path: a client
@@ -241,18 +245,35 @@ class RequestInput:
                     else ("the server's Spider directory is unusable (see its log)")
                 )
         self._factory = PromptFactory(settings, self.schemas, self.spider_dir)
+        # databases connected by URL (sqlrl/sql/live.py), by name, beside Spider's
+        self.live: dict = {}
+        self.live_schema_chars = live_schema_chars
+
+    def add_live(self, database) -> None:
+        """A live database (sqlrl.sql.live.connect's), asked by its name as a db_id is."""
+        from sqlrl.sql.live import LiveDatabaseError
+
+        if database.name in self.schemas or database.name in self.live:
+            raise LiveDatabaseError(
+                f"database name {database.name!r} is taken (a Spider database, or another "
+                "--database): name it otherwise"
+            )
+        self.live[database.name] = database
 
     # ------------------------------------------------------------------ databases
     def db_path(self, db_id: str) -> Path:
         return database_path(self.spider_dir, db_id)
 
-    def check_db_id(self, db_id: str, need_file: bool) -> Path:
-        """The database file of a valid `db_id` (a 404 naming it when unknown or absent)."""
+    def check_db_id(self, db_id: str, need_file: bool):
+        """The database file of a valid `db_id`, or the live database of that name (a 404
+        naming it when unknown or absent)."""
         if not DB_ID_PATTERN.fullmatch(db_id):
             raise InputError(
                 f"db_id {db_id[:80]!r} is not a database name (letters, digits and _ only)",
                 param="db_id",
             )
+        if db_id in self.live:
+            return self.live[db_id]
         if not self.schemas:
             raise InputError(f"db_id {db_id!r} cannot be used: {self.spider_error}", 503, "db_id")
         if db_id not in self.schemas:
@@ -273,10 +294,11 @@ class RequestInput:
 
     def schema_of(self, db_id: str) -> dict:
         """The schema of database `db_id` as JSON (what a person writing SQL needs to see)."""
-        self.check_db_id(db_id, need_file=False)
-        schema = self.schemas[db_id]
+        live = self.check_db_id(db_id, need_file=False)
+        schema = live.schema if db_id in self.live else self.schemas[db_id]
         return {
             "db_id": db_id,
+            **({"dialect": live.dialect, "live": True} if db_id in self.live else {}),
             "tables": [
                 {
                     "name": t.name,
@@ -298,13 +320,15 @@ class RequestInput:
                 "tables": [t.name for t in schema.tables],
             }
             for db_id, schema in sorted(self.schemas.items())
-        ]
+        ] + [db.describe() for _, db in sorted(self.live.items())]
 
     def schema(self, *, db_id: str | None = None, ddl: str | None = None) -> Schema | None:
         """The schema of a request that names a database or gives DDL; None for schema_str
         (free text: there are no names to check a query against)."""
         if db_id is not None and db_id in self.schemas:
             return self.schemas[db_id]
+        if db_id is not None and db_id in self.live:
+            return self.live[db_id].schema
         if ddl is not None:
             try:
                 return schema_from_ddl(ddl)
@@ -347,7 +371,9 @@ class RequestInput:
         the model's answer format (its Format's `prompt`, as training built its prompts)."""
         s = self.settings
         try:
-            if db_id is not None:
+            if db_id is not None and db_id in self.live:
+                messages, _ = self.live_messages(db_id, question)
+            elif db_id is not None:
                 self.check_db_id(db_id, need_file=s.sample_rows > 0 and s.schema_format == "ddl")
                 messages = self._factory.messages(db_id, question)
             elif ddl is not None:
@@ -359,3 +385,16 @@ class RequestInput:
         except ValueError as exc:  # the prompt builder's: empty question or schema
             raise InputError(str(exc)) from None
         return get_format(s.rollout).prompt(messages)
+
+    def live_messages(self, db_id: str, question: str):
+        """(the prompt's messages, the TableChoice) of a question on a live database."""
+        db = self.live[db_id]
+        return self._factory.messages_for_live(
+            db.schema, db.rows_of, question, self.live_schema_chars
+        )
+
+    def table_choice(self, db_id: str | None, question: str):
+        """Which tables a live database's prompt kept and why; None for other requests."""
+        if db_id is None or db_id not in self.live:
+            return None
+        return self.live_messages(db_id, question)[1]

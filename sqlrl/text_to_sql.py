@@ -15,6 +15,13 @@ format's own inference loop and extractor (sqlrl/formats/), as evaluation asks i
 loop on the `db` (a `schema` or `ddl` question has no database to probe), and the Answer's
 `trace` holds its probes, their observations and the final SQL.
 
+Your own database: `TextToSQL(model, database="postgresql://reader@host/shop")` (or
+`"sqlite:///path/file.sqlite"`) introspects it into the prompt the model was trained on and
+makes it the default of every call (`t("How many orders?")`; its name, `t.database`, is the
+URL's database or file name, with `_live` added where a Spider database has that name);
+`answer(..., execute=True)` runs the SQL read-only and bounded, transpiled to PostgreSQL
+(sqlrl/sql/live.py; the verdict's `executed_sql` is what ran). `refresh()` reads its schema again.
+
 Schema-constrained decoding (docs/grammar.md): `TextToSQL(model, constrained=True)`, or
 `t(question, db=..., constrained=True)` for one call, decodes the answer under its schema's
 grammar (a `db`, or `ddl`), so it names only that database's tables and columns; a `schema`
@@ -54,6 +61,8 @@ class TextToSQL:
         exec_timeout_s: float = 30.0,
         use_vllm: bool = False,
         constrained: bool = False,  # the default of every call's `constrained`
+        database: str | None = None,  # a live database's URL: postgresql://... or sqlite:///...
+        max_rows: int = 1000,  # rows a live database's answer returns at most
         **prompt_overrides,
     ):
         from sqlrl.data.prompt_settings import PromptSettings
@@ -67,6 +76,18 @@ class TextToSQL:
         if constrained:  # before the model loads
             check_constrained_format(self.settings.rollout, "TextToSQL(constrained=True)")
         self.prompts = RequestInput(self.settings, spider_dir or default_spider_dir(), local=True)
+        self.database = None  # the live database's name, the default `db`
+        if database is not None:  # connected before the model loads: a bad URL fails fast
+            from sqlrl.sql.live import LiveLimits, connect, name_of
+
+            rows = self.settings.sample_rows if self.settings.schema_format == "ddl" else 0
+            limits = LiveLimits(timeout_s=exec_timeout_s, max_rows=max_rows)
+            name = name_of(database)
+            if name in self.prompts.schemas:  # a Spider database's name: db= names that one
+                name += "_live"
+            live = connect(name, database, limits, sample_rows=rows)
+            self.prompts.add_live(live)
+            self.database = live.name
         self.generator, self.tokenizer = make_generator(
             model_dir,
             use_vllm=use_vllm,
@@ -80,8 +101,14 @@ class TextToSQL:
         self.format.check_tokenizer(self.tokenizer)  # the agent's: a template that calls tools
 
     def databases(self) -> list[str]:
-        """The Spider databases `db=` can name (the Spider folder's tables.json)."""
-        return sorted(self.prompts.schemas)
+        """The databases `db=` can name: the Spider folder's (tables.json), and the live one."""
+        return sorted(self.prompts.schemas) + sorted(self.prompts.live)
+
+    def refresh(self) -> None:
+        """Read the live database's schema again (tables added or changed since)."""
+        if self.database is None:
+            raise ValueError("no live database: TextToSQL(model, database=URL) connects one")
+        self.prompts.live[self.database].refresh()
 
     def __call__(
         self,
@@ -118,6 +145,8 @@ class TextToSQL:
         from sqlrl.request_input import check_constrained_format
 
         check_sampling(num_samples, temperature, "num_samples", "temperature")
+        if db is None and schema is None and ddl is None:
+            db = self.database  # the live database, when there is one
         given = [
             name
             for name, value in (("db", db), ("schema", schema), ("ddl", ddl))
@@ -126,7 +155,7 @@ class TextToSQL:
         if len(given) != 1:
             raise ValueError(f"give exactly one of db, schema or ddl (got {given or 'none'})")
         if execute and db is None:
-            raise ValueError("execute needs a db: only Spider databases can be queried")
+            raise ValueError("execute needs a db: a Spider database, or the live one")
         question = unicodedata.normalize("NFC", question).strip()
         db_path = self.prompts.check_db_id(db, need_file=True) if execute else None
         messages = self.prompts.messages(question, schema_str=schema, db_id=db, ddl=ddl)
@@ -142,11 +171,11 @@ class TextToSQL:
         [asked] = self._loop().ask([messages], [self._tool_db(db)], seed=seed, **decode)
         texts = asked.texts
         known = self.prompts.schema(db_id=db, ddl=ddl) if self.settings.schema_repair else None
-        run = (
-            (lambda sqls: [self.executor.execute(db_path, sql) for sql in sqls])
-            if db_path is not None
-            else None
-        )
+        run = None
+        if db_path is not None and db in self.prompts.live:
+            run = lambda sqls: [db_path.run(sql) for sql in sqls]  # noqa: E731
+        elif db_path is not None:
+            run = lambda sqls: [self.executor.execute(db_path, sql) for sql in sqls]  # noqa: E731
         answer = finish_answer(
             texts,
             repair=schema_repair(known, question),
@@ -173,5 +202,7 @@ class TextToSQL:
     def _tool_db(self, db: str | None) -> str | None:
         """The database a tool loop probes: `db`'s file where it is present (a plain
         format's loop reads none)."""
-        path = self.prompts.check_db_id(db, need_file=False) if db is not None else None
-        return str(path) if path is not None and path.is_file() else None
+        if db is None or db in self.prompts.live:  # a live database has no file to probe
+            return None
+        path = self.prompts.check_db_id(db, need_file=False)
+        return str(path) if path.is_file() else None

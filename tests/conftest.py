@@ -166,3 +166,18 @@ def private_db(spider_dir, tmp_path) -> Path:
     target = folder / "concert_singer.sqlite"
     shutil.copyfile(spider_dir / "database" / "concert_singer" / "concert_singer.sqlite", target)
     return target
+
+
+@pytest.fixture(scope="session")
+def postgres(spider_dir):
+    """A real PostgreSQL server with PG_DATABASES loaded from Spider and the reader role
+    (tests/postgres_helpers.py); skipped only where PostgreSQL's binaries are absent."""
+    from tests.postgres_helpers import postgres_bin, postgres_server
+
+    if postgres_bin() is None:
+        pytest.skip(
+            "no PostgreSQL server binaries (/usr/lib/postgresql/*/bin): install Debian's "
+            "postgresql (apt-get install postgresql; .ci/run does)"
+        )
+    with postgres_server() as server:
+        yield server

@@ -19,6 +19,7 @@ COMMANDS = [
     ["-m", "sqlrl.eval.compare"],
     ["-m", "sqlrl.serve"],
     ["-m", "sqlrl.feedback"],
+    ["-m", "sqlrl.sql.copy_to_postgres"],
     ["scripts/gpu_rehearsal.py"],
     *(["-m", f"stages.{name}"] for name in STAGES),
 ]

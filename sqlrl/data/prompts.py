@@ -11,6 +11,7 @@ Two schema serialisations, chosen by `prepare.schema_format`:
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,18 +55,27 @@ def compact_schema(schema: Schema, notes: Notes | None = None) -> str:
     return " | ".join(parts)
 
 
+RowsOf = Callable[[Table, int], list[tuple]]  # a table's first n rows (a live database's)
+
+
 def ddl_schema(
-    schema: Schema, db_path: Path | None = None, sample_rows: int = 0, notes: Notes | None = None
+    schema: Schema,
+    db_path: Path | None = None,
+    sample_rows: int = 0,
+    notes: Notes | None = None,
+    rows_of: RowsOf | None = None,
 ) -> str:
-    """CREATE TABLE statements; with `sample_rows` > 0, that many rows per table as comments;
-    with `notes`, each described column's line ends in an SQL comment saying what it holds."""
+    """CREATE TABLE statements; with `sample_rows` > 0, that many rows per table as comments
+    (read from `db_path`, or given by `rows_of`: a live database's introspected rows); with
+    `notes`, each described column's line ends in an SQL comment saying what it holds."""
     blocks = []
     for table in schema.tables:
         block = _create_table(schema, table, notes)
         if sample_rows > 0:
-            if db_path is None:
+            if rows_of is None and db_path is None:
                 raise ValueError(f"{schema.db_id}: sample rows need the database file")
-            block += "\n" + _sample_rows_comment(db_path, table, sample_rows)
+            rows = (rows_of or (lambda t, n: _read_rows(db_path, t, n)))(table, sample_rows)
+            block += "\n" + _rows_comment(table, rows)
         blocks.append(block)
     return "\n\n".join(blocks)
 
@@ -94,16 +104,20 @@ def _create_table(schema: Schema, table: Table, notes: Notes | None = None) -> s
     return f"CREATE TABLE {quote_identifier(table.name)} (\n" + body + "\n);"
 
 
-def _sample_rows_comment(db_path: Path, table: Table, n: int) -> str:
-    """The first `n` rows of `table`, values shortened, as an SQL comment."""
+def _read_rows(db_path: Path, table: Table, n: int) -> list[tuple]:
+    """The first `n` rows of `table` in the SQLite file `db_path`."""
     uri = f"file:{Path(db_path).resolve()}?mode=ro"
     con = sqlite3.connect(uri, uri=True)
     con.text_factory = lambda b: b.decode("utf-8", errors="replace")
     try:
         rows = con.execute(f"SELECT * FROM {quote_identifier(table.name)} LIMIT {int(n)}")
-        rows = rows.fetchall()
+        return rows.fetchall()
     finally:
         con.close()
+
+
+def _rows_comment(table: Table, rows: list[tuple]) -> str:
+    """Rows of `table`, values shortened, as an SQL comment."""
     rendered = [", ".join(_short_value(v) for v in row) for row in rows]
     header = f"/* {len(rows)} example rows from {table.name}:"
     return "\n".join([header, *rendered]) + " */"
@@ -122,13 +136,14 @@ def serialize_schema(
     db_path: Path | None = None,
     sample_rows: int = 0,
     notes: Notes | None = None,
+    rows_of: RowsOf | None = None,
 ) -> str:
     """The schema text for a prompt, in the format `prepare.schema_format` names, with the
     column descriptions in `notes` (prepare.column_descriptions) where given."""
     if schema_format == "compact":
         return compact_schema(schema, notes)
     if schema_format == "ddl":
-        return ddl_schema(schema, db_path, sample_rows, notes)
+        return ddl_schema(schema, db_path, sample_rows, notes, rows_of)
     raise ValueError(f"unknown schema format {schema_format!r} (use 'compact' or 'ddl')")
 
 
@@ -187,6 +202,25 @@ class PromptFactory:
         text = serialize_schema(schema, self.settings.schema_format)
         return self._messages(schema, text, question)
 
+    def messages_for_live(
+        self, schema: Schema, rows_of: RowsOf, question: str, budget_chars: int
+    ) -> tuple[list[dict], TableChoice]:
+        """The prompt for a question on a live database (sqlrl/sql/live.py): its introspected
+        schema and sample rows serialised as training serialised Spider's, the tables cut to
+        `budget_chars` of schema text by `choose_tables` (which it reports)."""
+        p = self.settings
+        rows = p.sample_rows if p.schema_format == "ddl" else 0
+
+        def text(tables) -> str:
+            kept = {t.name for t in tables}
+            fks = tuple(fk for fk in schema.foreign_keys if {fk.table, fk.ref_table} <= kept)
+            part = Schema(schema.db_id, tuple(tables), fks)
+            return serialize_schema(part, p.schema_format, sample_rows=rows, rows_of=rows_of)
+
+        choice = choose_tables(schema, question, lambda t: len(text([t])) + 3, budget_chars)
+        kept = [t for t in schema.tables if t.name in choice.kept]
+        return self._messages(schema, text(kept), question), choice
+
     def messages_for_text(self, schema_text: str, question: str) -> list[dict]:
         """The prompt for a question on schema text given as it is (a request's schema_str):
         opaque text, so no schema mentions are marked."""
@@ -222,6 +256,64 @@ class PromptFactory:
         if rows < p.sample_rows and p.schema_format == "ddl":
             self.sample_rows_used[db_id] = rows
         return text
+
+
+@dataclass(frozen=True)
+class TableChoice:
+    """Which tables of a live database's schema a prompt keeps, and why (shown to the user)."""
+
+    kept: tuple[str, ...]
+    dropped: tuple[str, ...] = ()
+    why: str = ""
+
+
+def _words(text: str) -> set[str]:
+    """Lower-cased words of `text` (names split at _ and case changes) of three letters or
+    more, plural s dropped."""
+    text = re.sub(r"([a-z])([A-Z])", r"\1 \2", text)
+    words = re.findall(r"[a-z0-9]{3,}", text.lower())
+    return {w[:-1] if len(w) > 3 and w.endswith("s") else w for w in words}
+
+
+def choose_tables(
+    schema: Schema, question: str, size_of: Callable[[Table], int], budget_chars: int
+) -> TableChoice:
+    """Every table when the schema's text fits `budget_chars` (0: no limit); otherwise, in
+    this order while they fit: the tables whose name the question has (those with more of
+    its words in their name, then in their columns, first), the tables their foreign keys
+    join, the tables with a column the question names, then the rest in the database's
+    order. Kept tables stay in the database's order."""
+    sizes = {t.name: size_of(t) for t in schema.tables}
+    if not budget_chars or sum(sizes.values()) <= budget_chars:
+        return TableChoice(tuple(sizes))
+    asked = _words(question)
+
+    def score(table: Table) -> tuple[int, int]:
+        columns = set().union(*(_words(c.name) for c in table.columns))
+        return (len(_words(table.name) & asked), len(columns & asked))
+
+    ranked = sorted(schema.tables, key=score, reverse=True)
+    named = [t.name for t in ranked if score(t)[0]]
+    joined = [
+        other
+        for fk in schema.foreign_keys
+        for a, other in ((fk.table, fk.ref_table), (fk.ref_table, fk.table))
+        if a in named
+    ]
+    by_column = [t.name for t in ranked if score(t)[1]]
+    order = list(dict.fromkeys([*named, *joined, *by_column, *sizes]))
+    kept, used = set(), 0
+    for name in order:
+        if used + sizes[name] <= budget_chars:
+            kept.add(name)
+            used += sizes[name]
+    return TableChoice(
+        tuple(n for n in sizes if n in kept),
+        tuple(n for n in sizes if n not in kept),
+        f"the schema is {sum(sizes.values())} characters, over the prompt's budget of "
+        f"{budget_chars}: kept first the tables the question names ({', '.join(named) or 'none'}),"
+        " then those their foreign keys join, those with a column it names, then the rest",
+    )
 
 
 QUESTION_TOKENS = 128  # budget kept for the question (Spider's longest is about 60 tokens)

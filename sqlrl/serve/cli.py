@@ -26,6 +26,13 @@ SECRETS = {"api_key"}  # never shown as a --help default
 _HELP = {
     "model": "model folder (save_pretrained output, e.g. models/final)",
     "spider_dir": "Spider release folder (tables.json, database/); db_id requests use it",
+    "database": "a live database, NAME=URL (postgresql://user@host/db or sqlite:///path), "
+    "repeatable; requests name it as db_id; read-only and bounded (docs/serving.md); the "
+    "password is never shown: prefer --database-file, PGPASSWORD or ~/.pgpass, a flag shows "
+    "in the process list",
+    "database_file": "a file of live databases, one NAME=URL a line (# comments)",
+    "max_live_schema_chars": "a live database's schema text in a prompt at most: past it, "
+    "the tables the question names are kept first (the answer lists which)",
     "backend": "auto (vLLM if installed, else transformers) | transformers | vllm",
     "vllm_engine": "auto (AsyncLLMEngine when available) | async | llm",
     "schema_format": "override the model's prepare.schema_format (compact | ddl); the "
@@ -79,6 +86,8 @@ _HELP = {
 
 def _type(field) -> type:
     hint = typing.get_type_hints(ServeConfig)[field.name]
+    if typing.get_origin(hint) is tuple:  # --database NAME=URL, repeatable
+        return tuple
     args = [a for a in typing.get_args(hint) if a is not type(None)]
     return args[0] if args else hint
 
@@ -88,6 +97,8 @@ def _converter(kind: type):
 
 
 def _parse(kind: type, raw: str, name: str):
+    if kind is tuple:  # whitespace-separated entries
+        return tuple(raw.split())
     try:
         return _converter(kind)(raw)
     except ValueError:
@@ -103,6 +114,11 @@ def config_from_env(environ=None, base: ServeConfig | None = None) -> ServeConfi
         if raw is not None and raw != "":
             values[f.name] = _parse(_type(f), raw, ENV_PREFIX + f.name.upper())
     return ServeConfig(**values)
+
+
+def _default(value):
+    """A flag's default: the variable's value (a list, for a repeatable flag to append to)."""
+    return list(value) if isinstance(value, tuple) else value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -146,11 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
         kind = _type(f)
         # a true|false flag alone means true (`--constrained`), as well as `--constrained true`
         bare = {"nargs": "?", "const": True} if kind is bool else {}
+        if kind is tuple:  # repeatable; flags add to the variable's entries
+            bare = {"action": "append"}
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
             dest=f.name,
-            type=_converter(kind),
-            default=None if secret else getattr(env, f.name),
+            type=str if kind is tuple else _converter(kind),
+            default=None if secret else _default(getattr(env, f.name)),
             help=f"{_HELP[f.name]} [{ENV_PREFIX}{f.name.upper()}]",
             **bare,
         )
@@ -224,6 +242,7 @@ def main(argv=None) -> int:
 
     args = build_parser().parse_args(argv)
     values = {f.name: getattr(args, f.name) for f in fields(ServeConfig)}
+    values["database"] = tuple(values["database"] or ())
     env = config_from_env()
     values.update({name: getattr(env, name) for name in SECRETS if values[name] is None})
     config = ServeConfig(**values)

@@ -18,6 +18,11 @@ class ServeConfig:
 
     model: str = "models/final"
     spider_dir: str = "data/raw/spider"  # named databases (relative: to the working directory)
+    # live databases (sqlrl/sql/live.py): NAME=URL entries (--database, repeatable; the
+    # variable SQLRL_DATABASE holds them whitespace-separated), and a file of them
+    database: tuple[str, ...] = ()
+    database_file: str | None = None
+    max_live_schema_chars: int = 12_000  # a live database's schema text in a prompt, at most
     backend: str = "auto"  # auto | transformers | vllm
     vllm_engine: str = "auto"  # auto | async | llm
     # prompt settings: the model folder's sqlrl_prompt.json; each of these overrides one

@@ -56,7 +56,7 @@ class BackendGenerator:
 
 def tool_db_path(service, req):
     """The database a tool loop runs on: the request's `db_id` file where it is present."""
-    if req.db_id is None:
+    if req.db_id is None or req.db_id in service.prompts.live:  # a live one has no file
         return None
     path = service.prompts.check_db_id(req.db_id, need_file=False)
     return path if path.is_file() else None
@@ -85,6 +85,20 @@ def prepare_request(service, req, inference) -> tuple[dict, list[dict], str, obj
     if opts["constrained"]:  # compiled here, off the loop (once per database and process)
         opts["grammar"], opts["unconstrained_reason"] = service.grammar_for_request(req)
     return opts, messages, prompt, tool_path, run_path, tokens
+
+
+def live_info(service, req) -> dict | None:
+    """A live database's dialect and the tables its prompt kept (and why); None otherwise."""
+    import unicodedata
+
+    question = unicodedata.normalize("NFC", req.question).strip()  # as check_request_text
+    choice = service.prompts.table_choice(req.db_id, question)
+    if choice is None:
+        return None
+    tables = {"kept": list(choice.kept), "dropped": list(choice.dropped)}
+    if choice.why:
+        tables["why"] = choice.why
+    return {"dialect": service.prompts.live[req.db_id].dialect, "tables": tables}
 
 
 async def answer_request(service, req):
@@ -124,4 +138,5 @@ async def answer_request(service, req):
         verdicts = await asyncio.to_thread(service.execute_all, run_path, sqls, opts["max_rows"])
     answer = answer_from(texts, sqls, verdicts, extracted=extracted)
     answer.trace = asked.trace(answer.chosen, answer.sql)  # a tool loop's; else None
-    return answer, texts, tokens, gen_s, opts
+    live = await service.off_loop(live_info, service, req)
+    return answer, texts, tokens, gen_s, opts, live

@@ -90,13 +90,34 @@ def _json_rows(rows) -> list[list]:
 
 def verdict_body(verdict) -> dict:
     """An execution verdict as JSON: status and error, and for a query that ran its columns,
-    rows (JSON-safe) and whether they stop at the row limit."""
-    return {
+    rows (JSON-safe) and whether they stop at the row limit; on a live database the SQL that
+    ran (`executed_sql`: transpiled to its dialect)."""
+    body = {
         "verdict": {"status": verdict.status, "error": verdict.error},
         "columns": list(verdict.columns) if verdict.columns is not None else None,
         "rows": _json_rows(verdict.rows) if verdict.rows is not None else None,
         "truncated": bool(verdict.truncated),
     }
+    if verdict.executed_sql is not None:
+        body["executed_sql"] = verdict.executed_sql
+    return body
+
+
+def connect_databases(config: ServeConfig, settings) -> list:
+    """The live databases of --database and --database-file, connected and introspected
+    (sqlrl/sql/live.py); a LiveDatabaseError (never showing a password) stops the start."""
+    from sqlrl.sql.live import LiveLimits, connect, parse_named, read_database_file, redact
+
+    entries = [parse_named(arg) for arg in config.database]
+    if config.database_file:
+        entries += read_database_file(config.database_file)
+    limits = LiveLimits(timeout_s=config.exec_timeout_s, max_rows=config.max_rows)
+    rows = settings.sample_rows if settings.schema_format == "ddl" else 0
+    databases = []
+    for name, url in entries:
+        databases.append(connect(name, url, limits, sample_rows=rows))
+        log.info("serve: live database %s at %s", name, redact(url))
+    return databases
 
 
 @dataclass
@@ -108,6 +129,7 @@ class Served:
     prompt_tokens: int
     generation_s: float
     opts: dict  # the settings it was generated with (settings_for)
+    live: dict | None = None  # a live database's: {"dialect", "tables": kept, dropped, why}
 
 
 def generate_body(req: GenerateRequest, served: Served) -> dict:
@@ -129,6 +151,9 @@ def generate_body(req: GenerateRequest, served: Served) -> dict:
         out.update(verdict_body(a.verdict))
     if req.db_id is not None:
         out["db_id"] = req.db_id
+    if served.live is not None:  # a live database: its dialect, the tables the prompt kept
+        out["dialect"] = served.live["dialect"]
+        out["schema_tables"] = served.live["tables"]
     out.update(constrained_body(served.opts))
     out["usage"] = {
         "prompt_tokens": served.prompt_tokens,
@@ -159,7 +184,11 @@ class Service:
         self.config = config
         self.backend = backend
         self.settings = prompt_settings or prompt_settings_for(config)
-        self.prompts = RequestInput(self.settings, config.spider_dir or None)
+        self.prompts = RequestInput(
+            self.settings, config.spider_dir or None, live_schema_chars=config.max_live_schema_chars
+        )
+        for database in connect_databases(config, self.settings):
+            self.prompts.add_live(database)
         if config.constrained:  # a reasoning or agent model is refused now, not per request
             check_constrained_format(self.settings.rollout, "--constrained")
         self.started = time.time()
@@ -311,8 +340,8 @@ class Service:
         if req.execute and req.db_id is None:
             raise HTTPError(
                 422,
-                "execute needs a db_id: only databases of the server's "
-                "Spider directory can be queried",
+                "execute needs a db_id: only the server's databases (Spider's, and those "
+                "connected with --database) can be queried",
                 param="execute",
             )
         return question
@@ -403,10 +432,13 @@ class Service:
         requests use the CPU at once, and a cancelled request's queued work is dropped."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
 
-    def execute_all(self, db_path: Path, sqls: list[str], max_rows: int):
-        """Each SQL run read-only by this thread's sandboxed executor (sqlrl.sql.executor)."""
+    def execute_all(self, db_path, sqls: list[str], max_rows: int):
+        """Each SQL run read-only: by this thread's sandboxed executor (sqlrl.sql.executor) on
+        a Spider file, or by a live database (sqlrl.sql.live: transpiled, refused or run)."""
         from sqlrl.sql.executor import ExecLimits, default_executor
 
+        if not isinstance(db_path, Path):  # a live database
+            return [db_path.run(sql, max_rows) for sql in sqls]
         executor = default_executor(ExecLimits(timeout_s=self.config.exec_timeout_s))
         return [executor.execute(db_path, sql, stop_after=max_rows) for sql in sqls]
 
@@ -425,7 +457,26 @@ class Service:
         except InputError as exc:
             raise HTTPError(exc.status, str(exc), param="db_id") from None
         (verdict,) = await asyncio.to_thread(self.execute_all, db_path, [sql], rows)
-        return {"db_id": db_id, **verdict_body(verdict)}
+        if verdict.status == "refused":  # stopped before it ran: the SQL is at fault
+            raise HTTPError(422, f"refused: {verdict.error}", param="sql")
+        dialect = {} if isinstance(db_path, Path) else {"dialect": db_path.dialect}
+        return {"db_id": db_id, **dialect, **verdict_body(verdict)}
+
+    async def refresh(self, db_id: str) -> dict:
+        """A live database introspected again (tables added or changed since the start)."""
+        from sqlrl.sql.live import LiveDatabaseError
+
+        database = self.prompts.live.get(db_id)
+        if database is None:
+            raise HTTPError(
+                404, f"{db_id!r} is not a live database (GET /databases lists them)", param="db_id"
+            )
+        try:
+            await asyncio.to_thread(database.refresh)
+        except LiveDatabaseError as exc:
+            log.error("serve: refresh of %s failed: %s", db_id, exc)
+            raise HTTPError(503, f"{db_id} could not be read again (see the server log)") from None
+        return self.prompts.schema_of(db_id)
 
     # ------------------------------------------------------------------ request bodies
     def health(self) -> dict:
@@ -442,6 +493,7 @@ class Service:
                 "databases": len(self.prompts.schemas),
                 "error": self.prompts.spider_error or None,
             },
+            "live_databases": {name: db.dialect for name, db in sorted(self.prompts.live.items())},
             "constrained": self.config.constrained,  # the default of a request's `constrained`
             "requests": dict(self.counts),
             **(b.info() if b is not None else {}),

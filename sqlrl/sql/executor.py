@@ -132,11 +132,13 @@ class ExecLimits:
 class Verdict:
     """The outcome of one query: ok with rows, or error/timeout/skipped with a reason."""
 
-    status: str  # ok | error | timeout | skipped
+    status: str  # ok | error | timeout | skipped | refused (live databases, before it ran)
     rows: tuple | None = None  # tuple of row tuples, only when ok
     columns: tuple | None = None  # column names, only when ok
     error: str = ""
     truncated: bool = False  # ok, but rows stop at the caller's `stop_after`
+    # a live database's (sqlrl/sql/live.py): the SQL it ran, transpiled to its dialect
+    executed_sql: str | None = None
 
     @property
     def ok(self) -> bool:

@@ -192,7 +192,7 @@ def test_records_from_before_writers_were_recorded_are_left_out_unless_asked(tmp
     store = FeedbackStore(path)
     store.add(Judgement("Name every singer.", NAME_SQL, "right", "m", db_id=DB, writer="key:ab"))
     assert [j.writer for j in store.all()] == [None, "key:ab"]
-    assert rows(path, "PRAGMA user_version") == [(2,)]
+    assert rows(path, "PRAGMA user_version") == [(3,)]  # writer, then dialect, added
     out = tmp_path / "verified.json"
     done = export_cli(path, out)
     assert "exported 1 verified pair" in done.stdout

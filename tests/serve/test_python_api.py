@@ -66,3 +66,26 @@ def test_the_python_api_builds_its_prompts_without_the_http_package():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+def test_python_api_asks_a_live_postgresql_database(trained, postgres, private_db):
+    """`TextToSQL(model, database=URL)`: the database is introspected into the trained prompt
+    and is every call's default; execute runs the answer as PostgreSQL (executed_sql)."""
+    from sqlrl.text_to_sql import TextToSQL
+
+    t = TextToSQL(
+        trained,
+        spider_dir=SPIDER_DIR,
+        max_new_tokens=24,
+        database=postgres.reader_url("concert_singer"),
+    )
+    assert t.database == "concert_singer_live"  # Spider's concert_singer keeps its name
+    assert t(PAIRS[0][0]) == COUNT_SQL
+    answer = t.answer(PAIRS[0][0], execute=True)
+    assert answer.verdict.rows == ((6,),)
+    assert answer.verdict.executed_sql == 'SELECT COUNT(*) FROM "singer"'
+    t.refresh()
+    lite = TextToSQL(
+        trained, spider_dir=None, max_new_tokens=24, database=f"sqlite:///{private_db}"
+    )
+    assert lite.answer(PAIRS[0][0], execute=True).verdict.rows == ((6,),)

@@ -49,8 +49,15 @@ def _add_info_routes(app: FastAPI, service: Service, guard: KeyGuard, keyed: lis
 
     @app.get("/databases", dependencies=keyed)
     async def databases():
-        """The Spider databases by name (never the server's paths)."""
+        """The databases by name: Spider's, and the live ones with their dialect (never the
+        server's paths or URLs)."""
         return {"databases": service.prompts.databases()}
+
+    @app.post("/databases/{db_id}/refresh", dependencies=keyed)
+    async def refresh(db_id: str):
+        """A live database's schema read again (tables added or changed since the start)."""
+        check_text("db_id", db_id, 128)
+        return await service.refresh(db_id)
 
     @app.get("/databases/{db_id}", dependencies=keyed)
     async def database(db_id: str):

@@ -116,6 +116,7 @@ def judgement_from(service: Service, req: FeedbackRequest, writer: str) -> Judge
             raise HTTPError(exc.status, str(exc), param="db_id") from None
     if req.ddl is not None:
         check_text("ddl", req.ddl, c.max_ddl_chars)
+    live = service.prompts.live.get(req.db_id) if req.db_id is not None else None
     return Judgement(
         question=req.question.strip(),
         predicted_sql=predicted,
@@ -125,6 +126,7 @@ def judgement_from(service: Service, req: FeedbackRequest, writer: str) -> Judge
         ddl=req.ddl,
         corrected_sql=corrected,
         writer=writer,
+        dialect=live.dialect if live is not None else None,
     )
 
 
@@ -176,6 +178,7 @@ async def store_feedback(
         "created_at": stored.created_at,
         "writer": stored.writer,
         "model": stored.model,
+        **({"db_id": stored.db_id, "dialect": stored.dialect} if stored.dialect else {}),
         "stored": True,
     }
 

@@ -1,5 +1,7 @@
 // The playground: ask the server (POST /generate), run the SQL (POST /execute), store a
 // judgement (POST /feedback), show the selected database's schema (GET /databases/{db_id}).
+// A live database (a PostgreSQL or SQLite one connected with --database) is listed with its
+// dialect; Run shows the SQL as it ran there (transpiled) above the rows.
 // Plain DOM, no framework, nothing fetched but this server's routes; every text from the
 // server is put in the page as text, never as HTML.
 //
@@ -74,7 +76,8 @@ async function loadDatabases() {
     for (const db of data.databases) {
       const option = document.createElement("option");
       option.value = db.db_id;
-      option.textContent = db.present ? db.db_id : `${db.db_id} (no file: cannot run)`;
+      option.textContent = db.live ? `${db.db_id} (live ${db.dialect})`
+        : db.present ? db.db_id : `${db.db_id} (no file: cannot run)`;
       option.title = db.tables.join(", ");
       select.append(option);
     }
@@ -201,6 +204,7 @@ function clearAnswer() {
 function clearRows() {
   $("rows").replaceChildren();
   say("rows-note", "");
+  $("executed").hidden = true;
 }
 
 function setButtons() {
@@ -246,6 +250,10 @@ function showAnswer(answer) {
   const meta = [asked.db_id ? `about ${asked.db_id}` : "about the CREATE TABLE statements"];
   if (answer.vote) meta.push(`${answer.votes} of ${answer.num_samples} samples agree (${answer.vote} vote)`);
   if (answer.seed !== undefined) meta.push(`sampled with seed ${answer.seed}`);
+  const tables = answer.schema_tables;
+  if (tables && tables.dropped.length) {
+    meta.push(`the prompt kept ${tables.kept.length} of ${tables.kept.length + tables.dropped.length} tables (${tables.kept.join(", ")}): ${tables.why}`);
+  }
   $("meta").textContent = meta.join("; ");
   showTrace(answer.trace);
   clearRows();
@@ -294,7 +302,7 @@ async function run() {
     if (asked === answer && $("sql").value === sql) showRows(result);
   } catch (err) {
     if (asked === answer && $("sql").value === sql) {
-      $("rows").replaceChildren();
+      clearRows();
       say("rows-note", err.message, "error");
     }
   } finally {
@@ -316,6 +324,9 @@ function cellText(value) {
 function showRows(result) {
   const table = $("rows");
   table.replaceChildren();
+  $("executed").hidden = !result.executed_sql;
+  $("executed-dialect").textContent = result.dialect || "";
+  $("executed-sql").textContent = result.executed_sql || "";
   if (result.verdict.status !== "ok") {
     say("rows-note", `${result.verdict.status}: ${result.verdict.error}`, "error");
     return;
