@@ -107,7 +107,7 @@ def test_constrained_answers_name_only_their_databases_tables_and_columns(runs, 
     assert finished >= 3  # the constraint turned `FROM singer` into the database's own names
     grammar = metrics["constrained"]
     assert grammar["grammar_rows"] == len(DATABASES) * PER_DATABASE
-    assert grammar["unfinished"] == unfinished
+    assert grammar["unfinished"] == unfinished and grammar["finished_naming_absent"] == 0
     assert grammar["dead_ends"] == 0  # a byte-level vocabulary spells whatever the grammar needs
     assert grammar["compile_seconds"] > 0
     assert metrics["n"] == free["n"] == len(preds)
@@ -201,6 +201,7 @@ def test_the_stage_puts_constrained_ex_beside_unconstrained_on_every_set(
     for split_name in ("dev", "copy"):
         assert constrained[split_name]["constrained"]["grammar_rows"] == 10
         assert constrained[split_name]["absent_identifier_share"] == 0.0
+        assert constrained[split_name]["constrained"]["finished_naming_absent"] == 0
         paired = constrained["vs_final"][split_name]
         assert paired["n"] == free[split_name]["n"]
         diff = constrained[split_name]["ex"] - free[split_name]["ex"]
