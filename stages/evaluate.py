@@ -3,7 +3,12 @@ eval.sets (prepare_eval's rows, each scored by its benchmark's rules) -> its met
 prediction files. Greedy always; maj@eval.num_samples too for the models in eval.vote_models.
 
 With --baseline NAME DEV HELDOUT (another model's prediction files), the metrics also get
-`vs_<NAME>`: the paired bootstrap 95% interval of the EX difference against it, per split.
+`vs_<NAME>`: the paired bootstrap 95% interval of the EX difference against it, per split;
+--baseline-sets DIR (its <set>.jsonl files) adds each evaluation set to that comparison.
+--constrained decodes under each database's grammar whatever eval.constrained says: the stage
+`evaluate@final_constrained` puts the final model's constrained EX beside its unconstrained EX,
+paired, on every set (docs/grammar.md). A model whose answer format the grammar does not cover
+gets metrics that say so, and empty prediction files: the pipeline goes on.
 --headline gets the few numbers DVC's default views show (sqlrl.eval.evaluate.headline).
 """
 
@@ -11,13 +16,20 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")  # the tokenizer is used before forks
 
 from sqlrl.benchmarks import get_benchmark  # noqa: E402
 from sqlrl.eval.compare import compare_predictions  # noqa: E402
-from sqlrl.eval.evaluate import Split, evaluate_model, headline, spider_splits  # noqa: E402
+from sqlrl.eval.evaluate import (  # noqa: E402
+    ConstrainedFormatError,
+    Split,
+    evaluate_model,
+    headline,
+    spider_splits,
+)
 from sqlrl.hardware import set_torch_threads  # noqa: E402
 from sqlrl.jsonio import read_jsonl, write_json, write_jsonl  # noqa: E402
 from sqlrl.params import load_params  # noqa: E402
@@ -42,6 +54,14 @@ def arguments(parser) -> None:
         metavar=("NAME", "DEV", "HELDOUT"),
         help="compare with this model's prediction files",
     )
+    parser.add_argument(
+        "--baseline-sets", metavar="DIR", help="the baseline's <set>.jsonl files: compare them too"
+    )
+    parser.add_argument(
+        "--constrained",
+        action="store_true",
+        help="decode under each database's grammar (eval.constrained) whatever params say",
+    )
 
 
 def main(args) -> int:
@@ -52,22 +72,32 @@ def main(args) -> int:
         )
         return 1
     params = load_params(args.params)
+    settings = replace(params.eval, constrained=True) if args.constrained else params.eval
     set_torch_threads(params.torch_threads)
     splits = spider_splits(args.dev, args.heldout, args.spider)
     try:
         splits.update(_benchmark_sets(params.eval.sets, args.sets, args.raw))
         metrics, predictions = evaluate_model(
-            args.model, params.eval, params.seed, splits, vote=name in params.eval.vote_models
+            args.model, settings, params.seed, splits, vote=name in params.eval.vote_models
         )
     except FileNotFoundError as exc:  # the others are PipelineErrors: run_stage reports them
         print(f"evaluate: {exc}", file=sys.stderr)
         return 1
+    except ConstrainedFormatError as exc:
+        if not args.constrained:
+            raise
+        # eval.constrained itself refuses such a model; this stage runs in every profile
+        print(f"evaluate: {exc}; writing no predictions", file=sys.stderr)
+        metrics, predictions = {"constrained_unavailable": str(exc)}, {"dev": []}
+        args.baseline = None
     if args.baseline:
         baseline, *files = args.baseline
+        baseline_files = dict(zip(("dev", "heldout"), files, strict=True))
+        if args.baseline_sets:
+            for split in params.eval.sets:
+                baseline_files[split] = str(Path(args.baseline_sets) / f"{split}.jsonl")
         try:
-            metrics[f"vs_{baseline}"] = _compare(
-                dict(zip(("dev", "heldout"), files, strict=True)), predictions, params.seed
-            )
+            metrics[f"vs_{baseline}"] = _compare(baseline_files, predictions, params.seed)
         except (FileNotFoundError, ValueError) as exc:
             print(f"evaluate: comparison with {baseline}: {exc}", file=sys.stderr)
             return 1
@@ -76,7 +106,8 @@ def main(args) -> int:
     _write_set_predictions(args.set_predictions, params.eval.sets, predictions)
     write_json(args.metrics, metrics)
     write_json(args.headline, headline(metrics, args.baseline[0] if args.baseline else None))
-    print(_summary(name, metrics))
+    if "dev" in metrics:
+        print(_summary(name, metrics))
     return 0
 
 
@@ -101,7 +132,7 @@ def _write_set_predictions(folder: str, sets: dict, predictions: dict) -> None:
         if stale.stem not in sets:
             stale.unlink()
     for name in sets:
-        write_jsonl(folder / f"{name}.jsonl", predictions[name])
+        write_jsonl(folder / f"{name}.jsonl", predictions.get(name, []))
 
 
 def _compare(baseline_files: dict, predictions: dict, seed: int) -> dict:
@@ -162,6 +193,6 @@ def _pct(value) -> str:
 if __name__ == "__main__":
     sys.exit(
         stage_main(
-            "evaluate", main, arguments, __doc__, lock=lambda a: f"evaluate-{Path(a.model).name}"
+            "evaluate", main, arguments, __doc__, lock=lambda a: f"evaluate-{Path(a.metrics).stem}"
         )
     )

@@ -292,29 +292,41 @@ def row_grammars(
 
 
 def _grammar_metrics(
-    built: RowGrammars, outputs: list[str], row_schemas: list, dead_ends: int | None, compose=None
+    built: RowGrammars,
+    outputs: list[str],
+    sqls: list[str],
+    row_schemas: list,
+    dead_ends: int | None,
+    compose=None,
 ) -> dict:
     """eval.constrained's counts for one split: questions decoded under a grammar, those that
     fell back (and why), the constrained answers the grammar does not accept as a whole
-    query at their end (`unfinished`: cut at max_new_tokens, or a dead end), the dead ends
-    the transformers backend saw (no token allowed, the answer ended there; None where the
-    backend cannot tell: vLLM), and the seconds spent building grammars (a database compiled
-    for an earlier split is not compiled again)."""
+    query at their end (`unfinished`: cut at max_new_tokens, or a dead end), the finished ones
+    that still name a table or column their database lacks (`finished_naming_absent`: 0 unless
+    the grammar lets a name through that it should not; an unfinished answer may be cut
+    mid-name), the dead ends the transformers backend saw (no token allowed, the answer ended
+    there; None where the backend cannot tell: vLLM), and the seconds spent building grammars
+    (a database compiled for an earlier split is not compiled again)."""
     from sqlrl.sql.grammar import accepts, matcher_for
+    from sqlrl.sql.identifiers import absent_names
 
     constrained = [k for k, g in enumerate(built.grammars) if g is not None]
     matchers: dict = {}
-    unfinished = 0
+    unfinished = naming_absent = 0
     for k in constrained:
         schema = row_schemas[k]
         if schema.db_id not in matchers:
             matchers[schema.db_id] = matcher_for(schema, compose)
-        unfinished += not accepts(outputs[k], matchers[schema.db_id])
+        if accepts(outputs[k], matchers[schema.db_id]):
+            naming_absent += bool(absent_names(sqls[k], schema))
+        else:
+            unfinished += 1
     return {
         "grammar_rows": len(constrained),
         "fallback_rows": len(built.grammars) - len(constrained),
         "fallback_reasons": dict(sorted(built.fallback_reasons.items())),
         "unfinished": unfinished,
+        "finished_naming_absent": naming_absent,
         "dead_ends": dead_ends,
         "compile_seconds": round(built.compile_seconds, 3),
     }
@@ -484,7 +496,12 @@ def evaluate_split(
         if dead_ends_before is not None:
             dead_ends = generator.grammar_dead_ends - dead_ends_before
         metrics["constrained"] = _grammar_metrics(
-            built, answers.outputs, row_schemas, dead_ends, compose
+            built,
+            answers.outputs,
+            answers.unrepaired or answers.sqls,
+            row_schemas,
+            dead_ends,
+            compose,
         )
     if fix is not None:
         metrics["repaired"] = sum(

@@ -15,6 +15,7 @@ import pytest
 
 from sqlrl.eval.evaluate import ConstrainedFormatError, Split, evaluate_model
 from sqlrl.formats import FORMATS
+from sqlrl.jsonio import read_json
 from sqlrl.params import CONSTRAINED_ROLLOUTS, ParamsError
 from sqlrl.request_input import RequestInput
 from sqlrl.sql.grammar import accepts, matcher_for
@@ -106,7 +107,7 @@ def test_constrained_answers_name_only_their_databases_tables_and_columns(runs, 
     assert finished >= 3  # the constraint turned `FROM singer` into the database's own names
     grammar = metrics["constrained"]
     assert grammar["grammar_rows"] == len(DATABASES) * PER_DATABASE
-    assert grammar["unfinished"] == unfinished
+    assert grammar["unfinished"] == unfinished and grammar["finished_naming_absent"] == 0
     assert grammar["dead_ends"] == 0  # a byte-level vocabulary spells whatever the grammar needs
     assert grammar["compile_seconds"] > 0
     assert metrics["n"] == free["n"] == len(preds)
@@ -151,3 +152,66 @@ def test_the_agent_format_is_refused(served, split, tmp_path):
     (folder / "sqlrl_prompt.json").write_text(json.dumps({"rollout": "agent"}))
     with pytest.raises(ConstrainedFormatError, match="'agent' format"):
         evaluate_model(folder, eval_params(constrained=True), 0, {"dev": split})
+
+
+def test_the_stage_puts_constrained_ex_beside_unconstrained_on_every_set(
+    served, split, spider_dir, tmp_path
+):
+    """`evaluate@final_constrained` in dvc.yaml: the stage's --constrained decodes under the
+    grammar though params leave eval.constrained off, and --baseline/--baseline-sets pair it
+    with the unconstrained run on dev and on each evaluation set. An agent model (its query is
+    inside a tool call) gets metrics that say why, not a failed pipeline."""
+    import shutil
+
+    import yaml
+
+    from stages import evaluate as stage
+    from stages import parse_stage_args
+    from tests.repo_tools import fixed_params_dict
+
+    params = fixed_params_dict("eval.max_new_tokens=24", "eval.batch_size=8", "eval.use_vllm=false")
+    params["eval"].update(num_samples=1, vote_models=[], constrained=False)
+    spec = {"format": "spider", "questions": "q.json", "tables": split.tables_json.name}
+    params["eval"]["sets"] = {"copy": {**params["eval"]["sets"]["spider_dk"], **spec}}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    (tmp_path / "sets").mkdir()
+    shutil.copy(split.rows, tmp_path / "sets" / "copy.jsonl")
+    empty = tmp_path / "heldout.jsonl"
+    empty.write_text("")
+    out = tmp_path / "predictions"
+
+    def run(model, name: str, *extra: str) -> int:
+        argv = ["--model", str(model), "--spider", str(spider_dir), "--dev", str(split.rows)]
+        argv += ["--heldout", str(empty), "--sets", str(tmp_path / "sets")]
+        argv += ["--raw", str(split.tables_json.parent), "--params", str(tmp_path / "params.yaml")]
+        argv += ["--predictions", str(out / f"{name}.jsonl"), "--set-predictions"]
+        argv += [str(out / f"{name}_sets"), "--heldout-predictions", str(out / f"{name}_h.jsonl")]
+        argv += ["--metrics", str(tmp_path / f"eval_{name}.json")]
+        argv += ["--headline", str(tmp_path / f"headline_{name}.json"), *extra]
+        return stage.main(parse_stage_args("evaluate", stage.arguments, argv=argv))
+
+    against_free = ["--baseline", "final", str(out / "final.jsonl"), str(out / "final_h.jsonl")]
+    against_free += ["--baseline-sets", str(out / "final_sets")]
+    assert run(served, "final") == 0
+    assert run(served, "final_constrained", "--constrained", *against_free) == 0
+    free, constrained = (
+        read_json(tmp_path / f"eval_{n}.json") for n in ("final", "final_constrained")
+    )
+    assert "constrained" not in free["dev"] and free["dev"]["absent_identifier_share"] > 0.5
+    for split_name in ("dev", "copy"):
+        assert constrained[split_name]["constrained"]["grammar_rows"] == 10
+        assert constrained[split_name]["absent_identifier_share"] == 0.0
+        assert constrained[split_name]["constrained"]["finished_naming_absent"] == 0
+        paired = constrained["vs_final"][split_name]
+        assert paired["n"] == free[split_name]["n"]
+        diff = constrained[split_name]["ex"] - free[split_name]["ex"]
+        assert paired["diff"] == pytest.approx(diff, abs=1e-4)
+    headline = read_json(tmp_path / "headline_final_constrained.json")
+    assert set(headline["gain"]) == {"dev", "copy"}
+
+    agent = tmp_path / "agent_model"
+    shutil.copytree(served, agent)
+    (agent / "sqlrl_prompt.json").write_text(json.dumps({"rollout": "agent"}))
+    assert run(agent, "a", "--constrained", *against_free) == 0
+    assert "'agent' format" in read_json(tmp_path / "eval_a.json")["constrained_unavailable"]
+    assert (out / "a.jsonl").read_text() == "" and (out / "a_sets" / "copy.jsonl").exists()
