@@ -11,8 +11,8 @@ import pytest
 import yaml
 
 from sqlrl.eval.compare import paired_bootstrap
-from sqlrl.eval.seeds import Run, SeedReportError, main, seed_report
-from tests.repo_tools import run_cli
+from sqlrl.eval.seeds import Run, SeedReportError, load_run, main, seed_report
+from tests.repo_tools import REPO_ROOT, committed_text, is_git_checkout, run_cli
 
 QUESTIONS = [("q0", "db"), ("q1", "db"), ("q2", "db"), ("q3", "absent_db")]
 
@@ -149,3 +149,16 @@ def test_a_run_whose_metrics_disagree_with_its_params_is_refused(two_runs, capsy
 def test_a_name_that_is_no_run_is_named(two_runs, capsys):
     assert main(["seed42", "no-such-exp", "--root", str(two_runs), "--out", str(two_runs)]) == 1
     assert "'no-such-exp' is neither a DVC experiment nor a git revision" in capsys.readouterr().out
+
+
+def test_the_committed_runs_gains_are_its_own_vs_sft():
+    """On the committed default's predictions (real, non-zero EX): the report's run is the
+    evaluate stage's own comparison, interval and counts included."""
+    if not is_git_checkout():
+        pytest.skip("reads the committed revision: needs a git checkout")
+    report = seed_report([load_run("HEAD", REPO_ROOT)])
+    vs_sft = json.loads(committed_text("metrics/eval_final.json"))["vs_sft"]
+    for split, own in vs_sft.items():
+        run = report["sets"][split]["greedy"]["runs"]["HEAD"]
+        own = {k: v for k, v in own.items() if k != "nontrivial"}  # the report's is all questions
+        assert own["n"] > 100 and {k: run[k] for k in own} == own
