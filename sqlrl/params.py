@@ -275,6 +275,7 @@ class PassRateFilter:
 
 @dataclass(config=SECTION)
 class GrpoParams:
+    seed: Int  # its own, so that a seed sweep of GRPO reuses one SFT model (docs/seeds.md)
     steps: Positive
     learning_rate: Rate
     batch_size: Positive

@@ -30,7 +30,7 @@ def main(args) -> int:
     rows = read_jsonl(args.prompts, ROW_KEYS)
     metrics = train_grpo(
         params.grpo,
-        params.seed,
+        params.grpo.seed,
         args.model,
         rows,
         args.out,
@@ -41,6 +41,9 @@ def main(args) -> int:
         spider_dir=args.spider,
     )
     metrics["train_prompts"] = len(rows)  # what each filter dropped: metrics/grpo_prompts.json
+    # the seeds behind this adapter: `seed` made the data, the SFT model and the prompt
+    # selection; grpo.seed this run (sqlrl.eval.seeds reads them per run)
+    metrics["seeds"] = {"pipeline": params.seed, "grpo": params.grpo.seed}
     if is_main_process():
         write_json(args.metrics, metrics)
     return 0

@@ -147,7 +147,21 @@ def test_a_profile_overrides_config_yaml_key_by_key_over_the_profile_it_extends(
     expected = _leaves(_yaml(REPO_ROOT / "conf" / "config.yaml"))
     for data in _profile_chain(profile):
         expected.update(_leaves(data))
+    # an interpolation (grpo.seed: ${seed}) composes to the value of the key it names
+    expected = {
+        key: expected[value[2:-1]] if str(value).startswith("${") else value
+        for key, value in expected.items()
+    }
     assert _leaves(compose_params(profile)) == expected
+
+
+def test_grpo_seed_follows_seed_unless_set_itself():
+    """grpo.seed defaults to `seed` (a run that changes `seed` reseeds GRPO too, as before it
+    had its own); set alone, it leaves `seed`, and so the data and SFT model, as they were."""
+    assert compose_params("cpu")["grpo"]["seed"] == 42
+    assert compose_params("cpu", ["seed=7"])["grpo"]["seed"] == 7
+    alone = compose_params("cpu", ["grpo.seed=43"])
+    assert (alone["seed"], alone["grpo"]["seed"]) == (42, 43)
 
 
 def test_overrides_compose_like_dvc_exp_run_set_param_over_the_profile():
