@@ -17,6 +17,7 @@ COMMANDS = [
     ["-m", "sqlrl.eval.score"],
     ["-m", "sqlrl.eval.report"],
     ["-m", "sqlrl.eval.compare"],
+    ["-m", "sqlrl.eval.seeds"],
     ["-m", "sqlrl.serve"],
     ["-m", "sqlrl.feedback"],
     ["-m", "sqlrl.sql.copy_to_postgres"],

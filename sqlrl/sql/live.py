@@ -72,7 +72,7 @@ def redact(url: str) -> str:
         return url
     user = parts.username or ""
     host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    return urlunsplit((parts.scheme, f"{user}:***@{host}", parts.path, parts.query, parts.fragment))
 
 
 def _scrubbed(text: str, url: str) -> str:

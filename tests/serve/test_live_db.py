@@ -181,10 +181,9 @@ def test_the_playground_asks_the_postgresql_database(browser, pg_site):
     key.clear()
     key.send_keys(KEY + "\n")
     browser.execute_script("document.getElementById('key').dispatchEvent(new Event('change'))")
-    option = wait_for(
-        browser, lambda d: d.find_elements(By.CSS_SELECTOR, f"#db option[value={PG}]"), "the db"
-    )[0]
-    assert option.text == f"{PG} (live postgres)"
+    # read in one script: the page rebuilds the list once the key is in (a held element goes stale)
+    label = f"const o = document.querySelector('#db option[value={PG}]'); return o && o.text"
+    wait_for(browser, lambda d: d.execute_script(label) == f"{PG} (live postgres)", "the db")
     Select(browser.find_element(By.ID, "db")).select_by_value(PG)
     wait_for(
         browser, lambda d: "singer_in_concert" in d.find_element(By.ID, "schema").text, "schema"
