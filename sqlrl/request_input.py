@@ -245,13 +245,13 @@ class RequestInput:
                     else ("the server's Spider directory is unusable (see its log)")
                 )
         self._factory = PromptFactory(settings, self.schemas, self.spider_dir)
-        # databases connected by URL (sqlrl/sql/live.py), by name, beside Spider's
+        # databases connected by URL (sqlrl/live/databases.py), by name, beside Spider's
         self.live: dict = {}
         self.live_schema_chars = live_schema_chars
 
     def add_live(self, database) -> None:
-        """A live database (sqlrl.sql.live.connect's), asked by its name as a db_id is."""
-        from sqlrl.sql.live import LiveDatabaseError
+        """A live database (sqlrl.live.databases.connect's), asked by its name as a db_id is."""
+        from sqlrl.live.databases import LiveDatabaseError
 
         if database.name in self.schemas or database.name in self.live:
             raise LiveDatabaseError(

@@ -20,7 +20,8 @@ Your own database: `TextToSQL(model, database="postgresql://reader@host/shop")` 
 makes it the default of every call (`t("How many orders?")`; its name, `t.database`, is the
 URL's database or file name, with `_live` added where a Spider database has that name);
 `answer(..., execute=True)` runs the SQL read-only and bounded, transpiled to PostgreSQL
-(sqlrl/sql/live.py; the verdict's `executed_sql` is what ran). `refresh()` reads its schema again.
+(sqlrl/live/databases.py; the verdict's `executed_sql` is what ran). `refresh()` reads its
+schema again.
 
 Schema-constrained decoding (docs/grammar.md): `TextToSQL(model, constrained=True)`, or
 `t(question, db=..., constrained=True)` for one call, decodes the answer under its schema's
@@ -78,7 +79,7 @@ class TextToSQL:
         self.prompts = RequestInput(self.settings, spider_dir or default_spider_dir(), local=True)
         self.database = None  # the live database's name, the default `db`
         if database is not None:  # connected before the model loads: a bad URL fails fast
-            from sqlrl.sql.live import LiveLimits, connect, name_of
+            from sqlrl.live.databases import LiveLimits, connect, name_of
 
             rows = self.settings.sample_rows if self.settings.schema_format == "ddl" else 0
             limits = LiveLimits(timeout_s=exec_timeout_s, max_rows=max_rows)

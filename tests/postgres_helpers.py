@@ -3,7 +3,7 @@
 free loopback port, started for the test session and stopped after it. PostgreSQL refuses to
 run as root, so as root the cluster belongs to the `postgres` system user the package
 creates. Loaded with a few Spider databases, each its own PostgreSQL database, by the repo's
-converter (sqlrl/sql/copy_to_postgres.py), and a least-privilege role made by the lines
+converter (sqlrl/live/copy_to_postgres.py), and a least-privilege role made by the lines
 docs/serving.md gives (READER_ROLE_SQL).
 
 The superuser connects over the Unix socket (trust); every TCP connection needs a password
@@ -87,7 +87,7 @@ class PostgresServer:
     def load_spider(self, db_id: str) -> None:
         """`db_id` from the Spider folder into a PostgreSQL database of the same name, with
         the reader role's grants."""
-        from sqlrl.sql.copy_to_postgres import copy_database
+        from sqlrl.live.copy_to_postgres import copy_database
 
         with self.admin() as conn:
             conn.execute(f'CREATE DATABASE "{db_id}"')

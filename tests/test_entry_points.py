@@ -20,7 +20,7 @@ COMMANDS = [
     ["-m", "sqlrl.eval.seeds"],
     ["-m", "sqlrl.serve"],
     ["-m", "sqlrl.feedback"],
-    ["-m", "sqlrl.sql.copy_to_postgres"],
+    ["-m", "sqlrl.live.copy_to_postgres"],
     ["scripts/gpu_rehearsal.py"],
     *(["-m", f"stages.{name}"] for name in STAGES),
 ]

@@ -205,7 +205,7 @@ class PromptFactory:
     def messages_for_live(
         self, schema: Schema, rows_of: RowsOf, question: str, budget_chars: int
     ) -> tuple[list[dict], TableChoice]:
-        """The prompt for a question on a live database (sqlrl/sql/live.py): its introspected
+        """The prompt for a question on a live database (sqlrl/live/databases.py): its introspected
         schema and sample rows serialised as training serialised Spider's, the tables cut to
         `budget_chars` of schema text by `choose_tables` (which it reports)."""
         p = self.settings

@@ -18,7 +18,7 @@ class ServeConfig:
 
     model: str = "models/final"
     spider_dir: str = "data/raw/spider"  # named databases (relative: to the working directory)
-    # live databases (sqlrl/sql/live.py): NAME=URL entries (--database, repeatable; the
+    # live databases (sqlrl/live/databases.py): NAME=URL entries (--database, repeatable; the
     # variable SQLRL_DATABASE holds them whitespace-separated), and a file of them
     database: tuple[str, ...] = ()
     database_file: str | None = None

@@ -105,8 +105,8 @@ def verdict_body(verdict) -> dict:
 
 def connect_databases(config: ServeConfig, settings) -> list:
     """The live databases of --database and --database-file, connected and introspected
-    (sqlrl/sql/live.py); a LiveDatabaseError (never showing a password) stops the start."""
-    from sqlrl.sql.live import LiveLimits, connect, parse_named, read_database_file, redact
+    (sqlrl/live/databases.py); a LiveDatabaseError (never showing a password) stops the start."""
+    from sqlrl.live.databases import LiveLimits, connect, parse_named, read_database_file, redact
 
     entries = [parse_named(arg) for arg in config.database]
     if config.database_file:
@@ -434,7 +434,7 @@ class Service:
 
     def execute_all(self, db_path, sqls: list[str], max_rows: int):
         """Each SQL run read-only: by this thread's sandboxed executor (sqlrl.sql.executor) on
-        a Spider file, or by a live database (sqlrl.sql.live: transpiled, refused or run)."""
+        a Spider file, or by a live database (sqlrl.live.databases: transpiled, refused or run)."""
         from sqlrl.sql.executor import ExecLimits, default_executor
 
         if not isinstance(db_path, Path):  # a live database
@@ -464,7 +464,7 @@ class Service:
 
     async def refresh(self, db_id: str) -> dict:
         """A live database introspected again (tables added or changed since the start)."""
-        from sqlrl.sql.live import LiveDatabaseError
+        from sqlrl.live.databases import LiveDatabaseError
 
         database = self.prompts.live.get(db_id)
         if database is None:

@@ -137,7 +137,7 @@ class Verdict:
     columns: tuple | None = None  # column names, only when ok
     error: str = ""
     truncated: bool = False  # ok, but rows stop at the caller's `stop_after`
-    # a live database's (sqlrl/sql/live.py): the SQL it ran, transpiled to its dialect
+    # a live database's (sqlrl/live/databases.py): the SQL it ran, transpiled to its dialect
     executed_sql: str | None = None
 
     @property

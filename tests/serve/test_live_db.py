@@ -19,6 +19,7 @@ from selenium.webdriver.support.ui import Select
 
 from sqlrl.serve import create_app
 from sqlrl.serve.cli import build_parser, main
+from tests.live.test_databases import HOSTILE
 from tests.postgres_helpers import PG_DATABASES, READER_PASSWORD
 from tests.serve_helpers import (
     COUNT_SQL,
@@ -31,7 +32,6 @@ from tests.serve_helpers import (
     serving,
     wait_for,
 )
-from tests.sql.test_live import HOSTILE
 
 KEY = "live-key"
 PG = "pg_concert"

@@ -1,4 +1,4 @@
-"""Live databases by URL (sqlrl/sql/live.py) on a real PostgreSQL server started for the
+"""Live databases by URL (sqlrl/live/databases.py) on a real PostgreSQL server started for the
 session (tests/postgres_helpers.py), loaded with Spider databases by the repo's converter:
 the same rows as SQLite for the gold queries, hostile SQL refused or bounded with every table
 unchanged, the schema introspected as tables.json has it, and no password anywhere."""
@@ -12,10 +12,10 @@ from collections import Counter
 
 import pytest
 
+from sqlrl.live.databases import LiveDatabaseError, LiveLimits, connect, parse_named, redact
 from sqlrl.request_input import RequestInput
 from sqlrl.sql.equality import order_matters, results_match
 from sqlrl.sql.executor import SQLExecutor
-from sqlrl.sql.live import LiveDatabaseError, LiveLimits, connect, parse_named, redact
 from tests.postgres_helpers import PG_DATABASES, READER_PASSWORD
 from tests.repo_tools import SPIDER_DIR
 from tests.serve_helpers import SETTINGS

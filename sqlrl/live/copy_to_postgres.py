@@ -2,7 +2,7 @@
 load theirs and as anyone can try the server on a PostgreSQL copy of Spider:
 
     createdb concert_singer
-    python -m sqlrl.sql.copy_to_postgres \\
+    python -m sqlrl.live.copy_to_postgres \\
         data/raw/spider/database/concert_singer/concert_singer.sqlite \\
         postgresql://me@localhost/concert_singer
 
@@ -26,7 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sqlrl.sql.live import LiveDatabaseError, _quote, redact
+from sqlrl.live.databases import LiveDatabaseError, _quote, redact
 
 
 @dataclass
@@ -167,7 +167,7 @@ def copy_database(sqlite_path: str | Path, conn, replace: bool = False) -> CopyR
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m sqlrl.sql.copy_to_postgres",
+        prog="python -m sqlrl.live.copy_to_postgres",
         description="Copy a SQLite database's tables and rows into PostgreSQL.",
     )
     parser.add_argument("sqlite", help="the SQLite file")

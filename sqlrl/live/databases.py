@@ -10,7 +10,7 @@ ask questions of, besides Spider's files. One registry by URL scheme (`SCHEMES`)
   The model's SQLite is transpiled by sqlglot to PostgreSQL (names matched to the database's
   own case-insensitively, as SQLite resolves them; LIKE as ILIKE, SQLite's LIKE being
   case-insensitive; a double-quoted word that names nothing as the string SQLite reads it
-  as), checked against the refusal list (sqlrl/sql/refusals.py), then run:
+  as), checked against the refusal list (sqlrl/live/refusals.py), then run:
   * in a READ ONLY transaction (the connection's default too), rolled back after;
   * as a cursor (`DECLARE ... CURSOR FOR`): PostgreSQL takes only SELECT or VALUES there,
     over the extended protocol, which refuses a second statement;
@@ -39,8 +39,8 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from sqlrl.data.spider import Column, ForeignKey, Schema, Table
 from sqlrl.errors import PipelineError
+from sqlrl.live.refusals import Refused, check_query
 from sqlrl.sql.executor import ExecLimits, Verdict, _python_bytes, default_executor
-from sqlrl.sql.refusals import Refused, check_query
 
 log = logging.getLogger("sqlrl.live")
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_]{1,128}")  # as a Spider db_id
@@ -433,7 +433,7 @@ def _line(exc: Exception) -> str:
 
 
 def _one_query(sql: str, dialect: str, tables: set[str], failure: str):
-    """`sql`'s one statement, parsed in `dialect` and checked (sqlrl/sql/refusals.py)."""
+    """`sql`'s one statement, parsed in `dialect` and checked (sqlrl/live/refusals.py)."""
     import sqlglot
     from sqlglot.errors import SqlglotError
 

@@ -1,6 +1,6 @@
 """What a query may not do on a live PostgreSQL database, refused before it is sent.
 
-The guarantee that a query cannot write is the connection (sqlrl/sql/live.py): a READ ONLY
+The guarantee that a query cannot write is the connection (sqlrl/live/databases.py): a READ ONLY
 transaction, opened by a role that should only hold SELECT (docs/serving.md gives its lines),
 the query declared as a cursor (PostgreSQL accepts only SELECT or VALUES there, and the
 extended protocol refuses a second statement). This module refuses what such a transaction
