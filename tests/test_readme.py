@@ -3,7 +3,7 @@ followed by the SQL the committed default model really returns for it.
 
 They are checked against the committed results, not against what a local `dvc repro` wrote:
 training and inference round differently on each kind of CPU (AVX2, AVX-512, AMX with bf16),
-so a run elsewhere than the committed one's AVX2 EPYC yields a slightly different model whose
+so a run elsewhere than the committed one's AMX Xeon yields a slightly different model whose
 answers may differ, and the README describes the committed one."""
 
 from __future__ import annotations

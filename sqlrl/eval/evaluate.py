@@ -674,12 +674,14 @@ def _load_generator(model_dir, params, seed: int, progress: bool, render):
 
 
 HEADLINE_KEYS = ("ex", "em")  # per split, in `dvc metrics show` / `diff`
+HEADLINE_GAINS = ("dev", "heldout")  # the splits whose gain over the baseline the headline shows
 
 
 def headline(metrics: dict, baseline: str | None = None) -> dict:
     """The numbers a reviewer compares first, small enough for `dvc metrics show` to print in
-    one screen: EX and EM per split and, against the previous model, the EX gain per split.
-    The rest stays in the detailed metrics file next to it."""
+    one screen: EX and EM per split and, against the previous model, the EX gain on Spider's
+    dev and held-out splits (each evaluation set's gain, with every interval, is in the detailed
+    metrics file next to it, `vs_<baseline>`: a column per set and model would not fit)."""
     out = {}
     for name, split in metrics.items():  # dev, heldout and each benchmark set
         if not (isinstance(split, dict) and "ex" in split and "n" in split):
@@ -689,5 +691,7 @@ def headline(metrics: dict, baseline: str | None = None) -> dict:
             out[name]["maj"] = split["maj"]["ex"]
     compared = metrics.get(f"vs_{baseline}") if baseline else None
     if compared:
-        out["gain"] = {split: result["diff"] for split, result in compared.items()}
+        out["gain"] = {
+            split: result["diff"] for split, result in compared.items() if split in HEADLINE_GAINS
+        }
     return out

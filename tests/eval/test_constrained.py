@@ -207,7 +207,7 @@ def test_the_stage_puts_constrained_ex_beside_unconstrained_on_every_set(
         diff = constrained[split_name]["ex"] - free[split_name]["ex"]
         assert paired["diff"] == pytest.approx(diff, abs=1e-4)
     headline = read_json(tmp_path / "headline_final_constrained.json")
-    assert set(headline["gain"]) == {"dev", "copy"}
+    assert headline["gain"] == {"dev": constrained["vs_final"]["dev"]["diff"]}  # sets: vs_final
 
     agent = tmp_path / "agent_model"
     shutil.copytree(served, agent)
