@@ -63,6 +63,7 @@ def test_an_evaluation_set_added_by_params_reruns_no_training(smoke_copy):
         "evaluate@base",
         "evaluate@sft",
         "evaluate@final",
+        "evaluate@final_constrained",
     }
 
 

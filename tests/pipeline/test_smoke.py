@@ -110,7 +110,12 @@ def test_second_repro_does_nothing_and_params_rerun_only_their_stages(smoke_repo
         params["eval"]["batch_size"] += 1
         params_file.write_text(yaml.safe_dump(params, sort_keys=False))
         changed = json.loads(_run(["dvc", "status", "--json"], smoke_repo))
-        assert set(changed) == {"evaluate@base", "evaluate@sft", "evaluate@final"}
+        assert set(changed) == {
+            "evaluate@base",
+            "evaluate@sft",
+            "evaluate@final",
+            "evaluate@final_constrained",
+        }
         # a GRPO variant reuses the selected prompts (the pass-rate filter samples the SFT model)
         params = yaml.safe_load(original)
         params["grpo"]["steps"] += 1
