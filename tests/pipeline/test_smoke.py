@@ -145,6 +145,7 @@ TIMING_KEYS = {
     "train_runtime",
     "train_samples_per_second",
     "train_steps_per_second",
+    "compile_seconds",  # the grammars of eval.constrained and evaluate@final_constrained
 }
 
 
