@@ -60,7 +60,8 @@ def by_split(metrics: dict | None) -> dict | None:
     return {"dev": metrics, **({"heldout": metrics["heldout"]} if "heldout" in metrics else {})}
 
 
-def _jsonl(text: str | None) -> list[dict]:
+def jsonl_rows(text: str | None) -> list[dict]:
+    """The rows of a JSONL file's text (git_show's, workspace_text's); none for None."""
     return [json.loads(line) for line in (text or "").splitlines() if line.strip()]
 
 
@@ -407,8 +408,8 @@ def build_report(baseline: str, out_dir: Path, root: str | Path = ".") -> Path:
     for stage in MODELS:
         path = f"data/predictions/{stage}.jsonl"
         new_rows, old_rows = (
-            _jsonl(workspace_text(path, root)),
-            _jsonl(git_show(baseline, path, root)),
+            jsonl_rows(workspace_text(path, root)),
+            jsonl_rows(git_show(baseline, path, root)),
         )
         if new_rows and old_rows:
             parts.append(flips_section(stage, flipped_questions(old_rows, new_rows), baseline))

@@ -29,7 +29,7 @@ from pathlib import Path
 import yaml
 
 from sqlrl.eval.compare import RESAMPLES, paired_bootstrap
-from sqlrl.eval.report import git_show
+from sqlrl.eval.report import git_show, jsonl_rows
 from sqlrl.jsonio import write_json
 
 # the evaluate stage's prediction files (dvc.yaml's evaluate@sft and evaluate@final outs)
@@ -99,20 +99,16 @@ def load_run(name: str, root: str | Path = ".") -> Run:
         )
     evals = json.loads(text("metrics/eval_final.json"))
     run = Run(name, rev, recorded, params["seed"])
-    files = {split: path for split, path in SPLIT_FILES.items()}
+    files = dict(SPLIT_FILES)
     files.update({s: SET_FILE.replace("{name}", s) for s in params["eval"].get("sets", {})})
     for split, path in files.items():
-        sft, final = (_rows(text(path.format(model=m))) for m in ("sft", "final"))
+        sft, final = (jsonl_rows(text(path.format(model=m))) for m in ("sft", "final"))
         if not final:  # an empty held-out split (prepare.heldout_fraction 0)
             continue
         run.sets[split] = (sft, final)
         if "maj" in evals.get(split, {}):
             run.maj_k[split] = evals[split]["maj"]["k"]
     return run
-
-
-def _rows(text: str | None) -> list[dict]:
-    return [json.loads(line) for line in (text or "").splitlines() if line.strip()]
 
 
 def _values(rows: list[dict], key: str) -> list[float | None]:
